@@ -1,0 +1,1 @@
+"""MoE Chat: chat with large Mixture-of-Experts models on one machine."""

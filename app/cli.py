@@ -1,0 +1,144 @@
+"""The `moechat` command. No subcommand opens the desktop app; engine imports happen lazily so
+that the desktop app never loads torch in its own process."""
+
+import argparse
+import json
+import sys
+
+from app.errors import UserError
+from app.sizes import parse_size
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UserError as error:
+        print(f"moechat: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("moechat: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("moechat: error: out of memory: lower --gpu-budget / --ram-budget or the context", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moechat", description="Chat with large Mixture-of-Experts models.")
+    parser.set_defaults(run=_run_app)
+    commands = parser.add_subparsers(title="commands")
+
+    generate = commands.add_parser("generate", help="generate text from a prompt")
+    generate.set_defaults(run=_run_generate)
+    generate.add_argument("model", help="model folder (config.json + *.safetensors)")
+    source = generate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompt-ids", type=_token_ids, help="raw token ids, e.g. 1,2,3 (no tokenizer, no template)")
+    generate.add_argument("--chat", action="store_true", help="wrap --prompt as a user message in the chat template")
+    generate.add_argument("--system", help="system message (with --chat)")
+    generate.add_argument("--reasoning-effort", choices=("low", "medium", "high"), help="gpt-oss reasoning effort")
+    generate.add_argument("--max-new-tokens", type=_positive_int, default=256)
+    generate.add_argument("--temperature", type=float, default=0.0)
+    generate.add_argument("--top-k", type=int, default=0)
+    generate.add_argument("--top-p", type=float, default=1.0)
+    generate.add_argument("--seed", type=int)
+    generate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    generate.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
+    generate.add_argument("--gpu-budget", type=_size, help="bytes the engine may use on the device, e.g. 8G")
+    generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
+    generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+    plan = commands.add_parser("plan", help="show where a model's bytes go under the given budgets")
+    plan.set_defaults(run=_run_plan)
+    plan.add_argument("model")
+    plan.add_argument("--gpu-budget", type=_size, required=True)
+    plan.add_argument("--ram-budget", type=_size, required=True)
+    plan.add_argument("--context", type=_positive_int, default=4096)
+    plan.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    plan.add_argument("--json", action="store_true")
+    return parser
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except UserError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number ≥ 1")
+    return int(text)
+
+
+def _token_ids(text: str) -> list[int]:
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not all(part.lstrip("-").isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of token ids, e.g. 1,2,3")
+    return [int(part) for part in parts]
+
+
+def _run_generate(args) -> int:
+    from app.engine.sampling import SamplingParams
+    from app.engine.session import Prompt, Session, collect
+
+    if args.prompt_ids is not None:
+        prompt = Prompt(token_ids=args.prompt_ids)
+    elif args.chat:
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        prompt = Prompt(messages=[*system, {"role": "user", "content": args.prompt}],
+                        reasoning_effort=args.reasoning_effort)
+    else:
+        prompt = Prompt(text=args.prompt)
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    session, ids = Session.open(
+        args.model, prompt, args.max_new_tokens,
+        device=args.device, dtype=dtype, gpu_budget=args.gpu_budget, ram_budget=args.ram_budget,
+    )
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    events = session.generate(ids, sampling, args.max_new_tokens)
+    if args.json:
+        print(json.dumps(collect(events)))
+        return 0
+    for event in events:
+        for kind, text in getattr(event, "pieces", []):
+            stream = sys.stdout if kind == "answer" else sys.stderr
+            stream.write(text)
+            stream.flush()
+        if hasattr(event, "stop_reason"):
+            stats = event.stats
+            print(f"\n[{stats['decode_tokens'] + 1} tokens, {stats['decode_tok_s']:.1f} tok/s, "
+                  f"stop: {event.stop_reason}]", file=sys.stderr)
+    return 0
+
+
+def _run_plan(args) -> int:
+    from app.model_folder import ModelFolder
+    from app.plan import ModelFacts, dtype_bytes, plan_placement
+    from app.sizes import format_size
+
+    facts = ModelFacts.from_folder(ModelFolder.open(args.model))
+    placement = plan_placement(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(args.dtype))
+    if args.json:
+        print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,
+                          "total_experts": facts.total_experts}))
+        return 0
+    rows = [
+        ("resident weights", format_size(placement.resident_bytes)),
+        (f"KV cache ({placement.context} tokens)", format_size(placement.kv_cache_bytes)),
+        ("workspace", format_size(placement.workspace_bytes)),
+        (f"expert slots ({placement.expert_slots} of {facts.total_experts})", format_size(placement.slot_bytes)),
+        (f"pinned RAM store ({placement.host_experts} experts)", format_size(placement.host_bytes)),
+        (f"read from disk ({placement.disk_experts} experts)", format_size(placement.disk_bytes)),
+    ]
+    for label, value in rows:
+        print(f"{label:<40} {value:>12}")
+    return 0
+
+
+def _run_app(args) -> int:
+    from app.ui.main import run_app
+
+    return run_app()

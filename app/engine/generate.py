@@ -1,0 +1,72 @@
+"""Prefill and decode as a generator of events."""
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+
+import torch
+
+from app.engine.kv_cache import KVCache
+from app.engine.protocol import Done, Tokens
+from app.engine.sampling import Sampler
+from app.errors import UserError
+from app.plan import PREFILL_CHUNK
+
+
+def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
+    if not prompt_ids:
+        raise UserError("the prompt is empty: give some text or token ids")
+    bad = [i for i in prompt_ids if not 0 <= i < vocab_size]
+    if bad:
+        raise UserError(f"token id {bad[0]} is outside the vocabulary (0 … {vocab_size - 1})")
+
+
+def prefill(model, cache: KVCache, prompt_ids: list[int]) -> torch.Tensor:
+    """Run the prompt through the model in chunks; return the logits of its last position [V]."""
+    ids = torch.tensor(prompt_ids, device=model.device)
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        logits = model.forward(ids[start : start + PREFILL_CHUNK], cache)
+    return logits[-1]
+
+
+def generate(
+    model,
+    cache: KVCache,
+    prompt_ids: list[int],
+    sampler: Sampler,
+    max_new_tokens: int,
+    stop_ids: list[int],
+) -> Iterator[Tokens | Done]:
+    """Yield one `Tokens` per step, then `Done` with the statistics of the whole generation."""
+    check_prompt(prompt_ids, model.config.vocab_size)
+    cache.check_room(len(prompt_ids))
+    expert_stats = model.experts.stats
+    stats_before = replace(expert_stats)
+    started = time.perf_counter()
+    with torch.inference_mode():
+        token = sampler.sample(prefill(model, cache, prompt_ids))
+        first_token_at = time.perf_counter()
+        emitted = 1
+        while True:
+            yield Tokens([token])
+            if token in stop_ids:
+                reason = "stop"
+                break
+            if emitted >= max_new_tokens:
+                reason = "length"
+                break
+            if cache.length >= cache.capacity:
+                reason = "context"
+                break
+            token = sampler.sample(model.forward(torch.tensor([token], device=model.device), cache)[-1])
+            emitted += 1
+    finished = time.perf_counter()
+    decode_seconds = finished - first_token_at
+    fetched = {key: value - getattr(stats_before, key) for key, value in expert_stats.as_dict().items()}
+    yield Done(reason, {
+        "prefill_tokens": len(prompt_ids),
+        "decode_tokens": emitted - 1,
+        "ttft_s": first_token_at - started,
+        "decode_tok_s": (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0,
+        "expert_cache": fetched,
+    })

@@ -1,0 +1,52 @@
+"""A static KV cache: preallocated per layer, filled front to back, rewound by `truncate(n)`."""
+
+import torch
+
+from app.errors import UserError
+
+
+class KVCache:
+    """Named per-token entries (e.g. "k" and "v" [kv_heads, head_dim]) for every layer.
+
+    A forward pass of T tokens writes rows [length, length + T) of each layer, then `advance(T)`
+    commits them. Speculation rewinds with `truncate(n)`: rows past n are simply overwritten later.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        capacity: int,
+        token_shapes: dict[str, tuple[int, ...]],
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.capacity = capacity
+        self.length = 0
+        self.buffers = {
+            name: torch.zeros((num_layers, capacity, *shape), dtype=dtype, device=device)
+            for name, shape in token_shapes.items()
+        }
+
+    def check_room(self, num_tokens: int) -> None:
+        if self.length + num_tokens > self.capacity:
+            raise UserError(
+                f"the context is full ({self.capacity} tokens): start a new chat or load with a longer context"
+            )
+
+    def update(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
+        """Write values [T, ...] after the committed rows; return rows [0, length + T)."""
+        end = self.length + values.shape[0]
+        buffer = self.buffers[name][layer]
+        buffer[self.length : end] = values
+        return buffer[:end]
+
+    def advance(self, num_tokens: int) -> None:
+        self.length += num_tokens
+
+    def truncate(self, length: int) -> None:
+        assert 0 <= length <= self.length, f"cannot truncate a cache of {self.length} tokens to {length}"
+        self.length = length
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())

@@ -1,0 +1,67 @@
+"""Open a model folder, plan the placement, and build the model on the device exactly as planned."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.engine.checkpoint import Checkpoint
+from app.engine.experts import ExpertCache, ExpertStore
+from app.engine.models import ARCHITECTURES
+from app.errors import UserError
+from app.model_folder import ModelFolder
+from app.plan import ModelFacts, Placement, dtype_bytes, plan_placement
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    folder: ModelFolder
+    facts: ModelFacts
+    placement: Placement
+    model: object  # one of the ARCHITECTURES' model classes
+
+    @property
+    def context(self) -> int:
+        return self.placement.context
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is available; use --device cpu")
+    if name not in ("cpu", "cuda"):
+        raise UserError(f"unknown device '{name}': use cpu or cuda")
+    return torch.device(name)
+
+
+def load_model(
+    path: str | Path,
+    device: str = "cpu",
+    dtype: str = "bfloat16",
+    gpu_budget: int | None = None,
+    ram_budget: int | None = None,
+    context: int = 4096,
+) -> LoadedModel:
+    torch_device = resolve_device(device)
+    folder = ModelFolder.open(path)
+    facts = ModelFacts.from_folder(folder)
+    placement = plan_placement(facts, gpu_budget, ram_budget, context, dtype_bytes(dtype))
+    config_class, model_class, make_reader = ARCHITECTURES[folder.model_type]
+    try:
+        config = config_class.from_dict(folder.config)
+    except KeyError as missing:
+        raise UserError(f"config.json in '{folder.path}' lacks the key {missing}") from None
+    checkpoint = Checkpoint(folder)
+    store = ExpertStore(
+        make_reader(config, checkpoint),
+        facts.moe_layers,
+        facts.num_experts,
+        placement.host_experts,
+        pin=torch_device.type == "cuda",
+    )
+    cache = ExpertCache(store, placement.expert_slots, torch_device)
+    if placement.expert_slots >= facts.total_experts:
+        cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
+    model = model_class(config, checkpoint, cache, DTYPES[dtype])
+    return LoadedModel(folder, facts, placement, model)

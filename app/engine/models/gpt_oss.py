@@ -1,0 +1,177 @@
+"""GPT-OSS: attention with sinks and alternating sliding windows, YaRN RoPE, top-k softmax router,
+clamped SwiGLU experts (gate/up interleaved) that live in the expert cache."""
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from app.engine.checkpoint import Checkpoint
+from app.engine.experts import ExpertCache, ExpertTensors
+from app.engine.kv_cache import KVCache
+from app.engine.layers import attend, causal_mask, rms_norm
+from app.engine.rope import Rotary, rotate_halves
+from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
+
+MXFP4_EXPERT_TENSORS = (
+    "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
+    "down_proj_blocks", "down_proj_scales", "down_proj_bias",
+)
+DENSE_EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+
+
+@dataclass(frozen=True)
+class GptOssConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_local_experts: int
+    num_experts_per_tok: int
+    vocab_size: int
+    rms_norm_eps: float
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    rope_theta: float
+    rope_scaling: dict | None
+    swiglu_limit: float
+    swiglu_alpha: float
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "GptOssConfig":
+        layers = config["num_hidden_layers"]
+        return cls(
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=layers,
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config["num_key_value_heads"],
+            head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+            num_local_experts=config["num_local_experts"],
+            num_experts_per_tok=config.get("num_experts_per_tok") or config["experts_per_token"],
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-5),
+            sliding_window=config.get("sliding_window", 128),
+            layer_types=tuple(
+                config.get("layer_types")
+                or ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+            ),
+            rope_theta=config.get("rope_theta", 150000.0),
+            rope_scaling=config.get("rope_scaling") or config.get("rope_parameters"),
+            swiglu_limit=config.get("swiglu_limit", 7.0),
+            swiglu_alpha=config.get("swiglu_alpha", 1.702),
+            tie_word_embeddings=config.get("tie_word_embeddings", False),
+        )
+
+
+def expert_reader(config: GptOssConfig, checkpoint: Checkpoint):
+    """(layer, expert) -> that expert's tensors as memory-mapped views, in checkpoint format."""
+    c = config
+    blocks_in, blocks_mid = c.hidden_size // 32, c.intermediate_size // 32
+    mxfp4_shapes = {
+        "gate_up_proj_blocks": (2 * c.intermediate_size, blocks_in, 16),
+        "gate_up_proj_scales": (2 * c.intermediate_size, blocks_in),
+        "gate_up_proj_bias": (2 * c.intermediate_size,),
+        "down_proj_blocks": (c.hidden_size, blocks_mid, 16),
+        "down_proj_scales": (c.hidden_size, blocks_mid),
+        "down_proj_bias": (c.hidden_size,),
+    }
+    dense_shapes = {
+        "gate_up_proj": (c.hidden_size, 2 * c.intermediate_size),
+        "gate_up_proj_bias": (2 * c.intermediate_size,),
+        "down_proj": (c.intermediate_size, c.hidden_size),
+        "down_proj_bias": (c.hidden_size,),
+    }
+    is_mxfp4 = checkpoint.has("model.layers.0.mlp.experts.gate_up_proj_blocks")
+    shapes = mxfp4_shapes if is_mxfp4 else dense_shapes
+    stacked: dict[int, ExpertTensors] = {}
+
+    def read(layer: int, expert: int) -> ExpertTensors:
+        if layer not in stacked:
+            prefix = f"model.layers.{layer}.mlp.experts."
+            stacked[layer] = {
+                name: checkpoint.tensor(prefix + name, (c.num_local_experts, *shape)) for name, shape in shapes.items()
+            }
+        return {name: tensor[expert] for name, tensor in stacked[layer].items()}
+
+    return read
+
+
+class GptOss:
+    """The GPT-OSS forward pass over one sequence: resident weights plus the shared expert cache."""
+
+    def __init__(self, config: GptOssConfig, checkpoint: Checkpoint, experts: ExpertCache, dtype: torch.dtype):
+        c = self.config = config
+        self.experts = experts
+        self.device = device = next(iter(experts.arenas.values())).device
+        self.dtype = dtype
+        heads, kv_heads, head_dim, hidden = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+
+        def load(name: str, shape: tuple[int, ...], keep_float32: bool = False) -> torch.Tensor:
+            return checkpoint.tensor(name, shape).to(device, torch.float32 if keep_float32 else dtype)
+
+        self.embed = load("model.embed_tokens.weight", (c.vocab_size, hidden))
+        self.lm_head = (
+            self.embed if c.tie_word_embeddings else load("lm_head.weight", (c.vocab_size, hidden))
+        )
+        self.final_norm = load("model.norm.weight", (hidden,), keep_float32=True)
+        self.layers = []
+        for i in range(c.num_hidden_layers):
+            p = f"model.layers.{i}."
+            self.layers.append({
+                "input_norm": load(p + "input_layernorm.weight", (hidden,), keep_float32=True),
+                "post_norm": load(p + "post_attention_layernorm.weight", (hidden,), keep_float32=True),
+                "q": load(p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+                "q_bias": load(p + "self_attn.q_proj.bias", (heads * head_dim,)),
+                "k": load(p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+                "k_bias": load(p + "self_attn.k_proj.bias", (kv_heads * head_dim,)),
+                "v": load(p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+                "v_bias": load(p + "self_attn.v_proj.bias", (kv_heads * head_dim,)),
+                "o": load(p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+                "o_bias": load(p + "self_attn.o_proj.bias", (hidden,)),
+                "sinks": load(p + "self_attn.sinks", (heads,)),
+                "router": load(p + "mlp.router.weight", (c.num_local_experts, hidden)),
+                "router_bias": load(p + "mlp.router.bias", (c.num_local_experts,)),
+            })
+        self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
+        self.run_experts = partial(gpt_oss_experts_torch, limit=c.swiglu_limit, alpha=c.swiglu_alpha)
+
+    def new_kv_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        shape = (c.num_key_value_heads, c.head_dim)
+        return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
+
+    def forward(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32)."""
+        cache.check_room(len(token_ids))
+        positions = torch.arange(cache.length, cache.length + len(token_ids), device=self.device)
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        x = self.embed[token_ids]
+        for index, layer in enumerate(self.layers):
+            x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
+                                    positions, cos, sin, cache)
+            x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+        cache.advance(len(token_ids))
+        x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        return (x @ self.lm_head.T).float()
+
+    def _attention(self, index, layer, x, positions, cos, sin, cache: KVCache) -> torch.Tensor:
+        c = self.config
+        q = (x @ layer["q"].T + layer["q_bias"]).unflatten(-1, (c.num_attention_heads, c.head_dim))
+        k = (x @ layer["k"].T + layer["k_bias"]).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        v = (x @ layer["v"].T + layer["v_bias"]).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
+        keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
+        window = c.sliding_window if c.layer_types[index] == "sliding_attention" else None
+        visible = causal_mask(positions, keys.shape[0], window)
+        out = attend(q, keys, values, visible, c.head_dim**-0.5, sinks=layer["sinks"])
+        return out.flatten(-2) @ layer["o"].T + layer["o_bias"]
+
+    def _moe(self, index, layer, x) -> torch.Tensor:
+        logits = x @ layer["router"].T + layer["router_bias"]  # [T, E]
+        top_logits, top_experts = torch.topk(logits, self.config.num_experts_per_tok, dim=-1)
+        top_weights = torch.softmax(top_logits, dim=-1)
+        return self.experts.run(index, x, top_experts, top_weights, self.run_experts)

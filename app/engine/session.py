@@ -1,0 +1,84 @@
+"""One request end to end: prompt (text, chat or raw ids) -> tokens -> reasoning/answer text."""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.engine.generate import check_prompt, generate
+from app.engine.loader import LoadedModel, load_model
+from app.engine.output_parser import ANSWER
+from app.engine.protocol import Done, Tokens
+from app.engine.sampling import Sampler, SamplingParams
+from app.engine.tokenizer import ChatTokenizer
+from app.errors import UserError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Exactly one of: raw `token_ids`, plain `text`, or chat `messages` rendered by the template."""
+
+    token_ids: list[int] | None = None
+    text: str | None = None
+    messages: list[dict] | None = None
+    reasoning_effort: str | None = None
+
+
+def prompt_ids(tokenizer: ChatTokenizer | None, prompt: Prompt) -> list[int]:
+    if prompt.token_ids is not None:
+        return list(prompt.token_ids)
+    if tokenizer is None:
+        raise UserError("this model folder has no tokenizer.json: pass token ids with --prompt-ids")
+    if prompt.messages is not None:
+        return tokenizer.render_chat(prompt.messages, prompt.reasoning_effort)
+    return tokenizer.encode(prompt.text or "")
+
+
+class Session:
+    """A loaded model and its tokenizer, answering one request at a time."""
+
+    def __init__(self, loaded: LoadedModel, tokenizer: ChatTokenizer | None):
+        self.loaded = loaded
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def open(cls, path: str | Path, prompt: Prompt, max_new_tokens: int, **load_options) -> "tuple[Session, list[int]]":
+        """Load a model sized for this prompt: the context holds the prompt and the answer."""
+        tokenizer = ChatTokenizer.load(Path(path))
+        ids = prompt_ids(tokenizer, prompt)
+        if not ids:
+            raise UserError("the prompt is empty: give some text or token ids")
+        loaded = load_model(path, context=len(ids) + max_new_tokens, **load_options)
+        check_prompt(ids, loaded.model.config.vocab_size)
+        return cls(loaded, tokenizer), ids
+
+    def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int) -> Iterator[Tokens | Done]:
+        model = self.loaded.model
+        cache = model.new_kv_cache(len(ids) + max_new_tokens)
+        parser = self.tokenizer.output_parser(ids) if self.tokenizer else None
+        sampler = Sampler(sampling, model.device)
+        for event in generate(model, cache, ids, sampler, max_new_tokens, self.loaded.folder.stop_token_ids()):
+            if isinstance(event, Done):
+                if parser:
+                    yield Tokens([], parser.finish())
+                yield event
+            else:
+                yield Tokens(event.token_ids, parser.feed(event.token_ids) if parser else [])
+
+
+def collect(events: Iterator[Tokens | Done]) -> dict:
+    """The whole answer as the CLI's --json object."""
+    token_ids, texts = [], {ANSWER: ""}
+    for event in events:
+        if isinstance(event, Done):
+            return {
+                "token_ids": token_ids,
+                "text": texts.pop(ANSWER),
+                **texts,
+                "stop_reason": event.stop_reason,
+                "stats": event.stats,
+            }
+        token_ids += event.token_ids
+        for kind, text in event.pieces:
+            texts[kind] = texts.get(kind, "") + text
+    raise RuntimeError("generation ended without a Done event")
+

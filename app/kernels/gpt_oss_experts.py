@@ -1,0 +1,45 @@
+"""GPT-OSS routed experts of one layer, read from expert-cache slots.
+
+Weights come in either checkpoint format: MXFP4 (`gate_up_proj_blocks/_scales`, rows are output
+features) or dequantized (`gate_up_proj` [S, H, 2W], `down_proj` [S, W, H]). Biases are always
+`gate_up_proj_bias` [S, 2W] and `down_proj_bias` [S, H].
+"""
+
+import torch
+
+from app.engine.mxfp4 import decode_mxfp4
+
+
+def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
+    """gate_up [T, 2W] with gate/up interleaved (gate even, up odd) -> [T, W]."""
+    gate = gate_up[..., ::2].clamp(max=limit)
+    up = gate_up[..., 1::2].clamp(-limit, limit)
+    return (up + 1) * gate * torch.sigmoid(alpha * gate)
+
+
+def _slot_weights(arenas: dict[str, torch.Tensor], slot: int, dtype: torch.dtype):
+    """(gate_up [H, 2W], down [W, H]) of one slot, in `dtype`."""
+    if "gate_up_proj_blocks" in arenas:
+        gate_up = decode_mxfp4(arenas["gate_up_proj_blocks"][slot], arenas["gate_up_proj_scales"][slot], dtype)
+        down = decode_mxfp4(arenas["down_proj_blocks"][slot], arenas["down_proj_scales"][slot], dtype)
+        return gate_up.T, down.T
+    return arenas["gate_up_proj"][slot].to(dtype), arenas["down_proj"][slot].to(dtype)
+
+
+def gpt_oss_experts_torch(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float,
+    alpha: float,
+) -> torch.Tensor:
+    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
+    out = torch.zeros_like(hidden)
+    for slot in slots[slots >= 0].unique().tolist():
+        tokens, picks = torch.where(slots == slot)
+        gate_up_w, down_w = _slot_weights(arenas, slot, hidden.dtype)
+        gate_up = hidden[tokens] @ gate_up_w + arenas["gate_up_proj_bias"][slot].to(hidden.dtype)
+        expert_out = clamped_swiglu(gate_up, limit, alpha) @ down_w + arenas["down_proj_bias"][slot].to(hidden.dtype)
+        out.index_add_(0, tokens, expert_out * weights[tokens, picks, None])
+    return out

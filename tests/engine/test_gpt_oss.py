@@ -1,0 +1,137 @@
+"""Our GPT-OSS against transformers.GptOssForCausalLM loaded from the same folder, in float32."""
+
+import pytest
+import torch
+from transformers import GptOssForCausalLM
+
+from app.engine.generate import generate
+from app.engine.loader import load_model
+from app.engine.protocol import Tokens
+from app.engine.sampling import Sampler, SamplingParams
+
+PROMPT_LENGTH = 20  # longer than the tiny model's sliding window of 8
+NEW_TOKENS = 32
+
+
+def prompt(seed: int = 7) -> list[int]:
+    return torch.randint(3, 384, (PROMPT_LENGTH,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def reference(folder) -> GptOssForCausalLM:
+    return GptOssForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+
+
+def reference_greedy(model: GptOssForCausalLM, ids: list[int], count: int) -> list[int]:
+    ids = list(ids)
+    with torch.no_grad():
+        for _ in range(count):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[-count:]
+
+
+def our_greedy(loaded, ids: list[int], count: int) -> list[int]:
+    model = loaded.model
+    events = generate(model, model.new_kv_cache(len(ids) + count), ids,
+                      Sampler(SamplingParams(), model.device), count, stop_ids=[])
+    return [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
+
+
+@pytest.fixture(params=["mxfp4", "dense"])
+def checkpoint(request, tiny_gpt_oss, tiny_gpt_oss_dense):
+    return tiny_gpt_oss if request.param == "mxfp4" else tiny_gpt_oss_dense
+
+
+def test_logits_match_transformers_on_prompt_and_decode_steps(checkpoint):
+    ref = reference(checkpoint)
+    model = load_model(checkpoint, dtype="float32", context=64).model
+    ids = prompt()
+    cache = model.new_kv_cache(64)
+    with torch.inference_mode():
+        ours = [model.forward(torch.tensor(ids), cache)]
+        continuation = reference_greedy(ref, ids, 6)
+        for token in continuation[:-1]:
+            ours.append(model.forward(torch.tensor([token]), cache))
+        expected = ref(torch.tensor([ids + continuation[:-1]])).logits[0]
+    ours = torch.cat(ours)
+    assert ours.shape == expected.shape
+    assert (ours - expected).abs().max() <= 1e-4
+    assert expected.std() > 0.5  # the comparison is not between near-constant logits
+
+
+def test_32_greedy_tokens_match_transformers(checkpoint):
+    ids = prompt(11)
+    expected = reference_greedy(reference(checkpoint), ids, NEW_TOKENS)
+    ours = our_greedy(load_model(checkpoint, dtype="float32", context=64), ids, NEW_TOKENS)
+    assert ours == expected
+    assert len(set(expected)) > 4  # a degenerate repeat would prove little
+
+
+def test_offloaded_experts_give_identical_tokens_and_the_misses_routing_implies(tiny_gpt_oss):
+    ids = prompt(3)
+    resident = load_model(tiny_gpt_oss, dtype="float32", context=64)
+    offloaded = load_model(tiny_gpt_oss, dtype="float32", context=64,
+                           gpu_budget=_budget_for_slots(resident, 3), ram_budget=None)
+    assert offloaded.placement.expert_slots == 3
+    tokens = our_greedy(resident, ids, NEW_TOKENS)
+    assert our_greedy(offloaded, ids, NEW_TOKENS) == tokens
+    assert resident.model.experts.stats.misses == 0
+
+    misses = _lru_misses(_routing(tiny_gpt_oss, ids, tokens), slots=3)
+    stats = offloaded.model.experts.stats
+    assert stats.misses == misses
+    assert stats.misses > NEW_TOKENS  # most steps miss
+    assert stats.bytes_fetched == misses * _mxfp4_expert_bytes(offloaded.folder.config)
+
+
+def test_experts_read_from_disk_past_the_ram_budget_give_identical_tokens(tiny_gpt_oss):
+    ids = prompt(5)
+    resident = load_model(tiny_gpt_oss, dtype="float32", context=64)
+    expert_bytes = _mxfp4_expert_bytes(resident.folder.config)
+    from_disk = load_model(tiny_gpt_oss, dtype="float32", context=64,
+                           gpu_budget=_budget_for_slots(resident, 4), ram_budget=5 * expert_bytes)
+    assert from_disk.placement.host_experts == 5
+    assert our_greedy(from_disk, ids, 12) == our_greedy(resident, ids, 12)
+    assert from_disk.model.experts.stats.disk_reads > 0
+
+
+def _budget_for_slots(loaded, slots: int) -> int:
+    placement = loaded.placement
+    fixed = placement.resident_bytes + placement.kv_cache_bytes + placement.workspace_bytes
+    return fixed + slots * placement.expert_bytes
+
+
+def _mxfp4_expert_bytes(config: dict) -> int:
+    hidden, width = config["hidden_size"], config["intermediate_size"]
+    gate_up = 2 * width * hidden // 2 + 2 * width * hidden // 32 + 2 * width * 2  # codes, scales, bf16 bias
+    down = hidden * width // 2 + hidden * width // 32 + hidden * 2
+    return gate_up + down
+
+
+def _routing(folder, prompt_ids: list[int], generated: list[int]) -> list[list[list[int]]]:
+    """Per forward call of the engine (the prompt, then one per fed token), per layer, the sorted
+    set of experts that transformers' routers pick."""
+    ref = reference(folder)
+    fed = prompt_ids + generated[:-1]
+    with torch.no_grad():
+        router_logits = ref(torch.tensor([fed]), output_router_logits=True).router_logits
+    top_k = ref.config.num_experts_per_tok
+    chosen = [logits.reshape(len(fed), -1).topk(top_k, dim=-1).indices for logits in router_logits]
+    calls = [range(len(prompt_ids))] + [[p] for p in range(len(prompt_ids), len(fed))]
+    return [[sorted({int(e) for p in positions for e in layer[p]}) for layer in chosen] for positions in calls]
+
+
+def _lru_misses(routing, slots: int) -> int:
+    cache: list[tuple[int, int]] = []  # least recently used first
+    misses = 0
+    for call in routing:
+        for layer, experts in enumerate(call):
+            for expert in experts:
+                key = (layer, expert)
+                if key in cache:
+                    cache.remove(key)
+                else:
+                    misses += 1
+                    if len(cache) == slots:
+                        cache.pop(0)
+                cache.append(key)
+    return misses
