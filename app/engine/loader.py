@@ -1,7 +1,6 @@
 """Open a model folder, plan the placement, and build the model on the device exactly as planned."""
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -36,7 +35,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_model(
-    path: str | Path,
+    folder: ModelFolder,
     device: str = "cpu",
     dtype: str = "bfloat16",
     gpu_budget: int | None = None,
@@ -44,7 +43,6 @@ def load_model(
     context: int = 4096,
 ) -> LoadedModel:
     torch_device = resolve_device(device)
-    folder = ModelFolder.open(path)
     facts = ModelFacts.from_folder(folder)
     placement = plan_placement(facts, gpu_budget, ram_budget, context, dtype_bytes(dtype))
     config_class, model_class, make_reader = ARCHITECTURES[folder.model_type]

@@ -11,6 +11,7 @@ from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.tokenizer import ChatTokenizer
 from app.errors import UserError
+from app.model_folder import ModelFolder
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,12 @@ class Session:
     @classmethod
     def open(cls, path: str | Path, prompt: Prompt, max_new_tokens: int, **load_options) -> "tuple[Session, list[int]]":
         """Load a model sized for this prompt: the context holds the prompt and the answer."""
-        tokenizer = ChatTokenizer.load(Path(path))
+        folder = ModelFolder.open(path)
+        tokenizer = ChatTokenizer.load(folder.path)
         ids = prompt_ids(tokenizer, prompt)
         if not ids:
             raise UserError("the prompt is empty: give some text or token ids")
-        loaded = load_model(path, context=len(ids) + max_new_tokens, **load_options)
+        loaded = load_model(folder, context=len(ids) + max_new_tokens, **load_options)
         check_prompt(ids, loaded.model.config.vocab_size)
         return cls(loaded, tokenizer), ids
 

@@ -8,6 +8,7 @@ from app.engine.generate import generate
 from app.engine.loader import load_model
 from app.engine.protocol import Tokens
 from app.engine.sampling import Sampler, SamplingParams
+from app.model_folder import ModelFolder
 
 PROMPT_LENGTH = 20  # longer than the tiny model's sliding window of 8
 NEW_TOKENS = 32
@@ -43,7 +44,7 @@ def checkpoint(request, tiny_gpt_oss, tiny_gpt_oss_dense):
 
 def test_logits_match_transformers_on_prompt_and_decode_steps(checkpoint):
     ref = reference(checkpoint)
-    model = load_model(checkpoint, dtype="float32", context=64).model
+    model = load_model(ModelFolder.open(checkpoint), dtype="float32", context=64).model
     ids = prompt()
     cache = model.new_kv_cache(64)
     with torch.inference_mode():
@@ -61,15 +62,15 @@ def test_logits_match_transformers_on_prompt_and_decode_steps(checkpoint):
 def test_32_greedy_tokens_match_transformers(checkpoint):
     ids = prompt(11)
     expected = reference_greedy(reference(checkpoint), ids, NEW_TOKENS)
-    ours = our_greedy(load_model(checkpoint, dtype="float32", context=64), ids, NEW_TOKENS)
+    ours = our_greedy(load_model(ModelFolder.open(checkpoint), dtype="float32", context=64), ids, NEW_TOKENS)
     assert ours == expected
     assert len(set(expected)) > 4  # a degenerate repeat would prove little
 
 
 def test_offloaded_experts_give_identical_tokens_and_the_misses_routing_implies(tiny_gpt_oss):
     ids = prompt(3)
-    resident = load_model(tiny_gpt_oss, dtype="float32", context=64)
-    offloaded = load_model(tiny_gpt_oss, dtype="float32", context=64,
+    resident = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64)
+    offloaded = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64,
                            gpu_budget=_budget_for_slots(resident, 3), ram_budget=None)
     assert offloaded.placement.expert_slots == 3
     tokens = our_greedy(resident, ids, NEW_TOKENS)
@@ -85,9 +86,9 @@ def test_offloaded_experts_give_identical_tokens_and_the_misses_routing_implies(
 
 def test_experts_read_from_disk_past_the_ram_budget_give_identical_tokens(tiny_gpt_oss):
     ids = prompt(5)
-    resident = load_model(tiny_gpt_oss, dtype="float32", context=64)
+    resident = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64)
     expert_bytes = _mxfp4_expert_bytes(resident.folder.config)
-    from_disk = load_model(tiny_gpt_oss, dtype="float32", context=64,
+    from_disk = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64,
                            gpu_budget=_budget_for_slots(resident, 4), ram_budget=5 * expert_bytes)
     assert from_disk.placement.host_experts == 5
     assert our_greedy(from_disk, ids, 12) == our_greedy(resident, ids, 12)

@@ -1,0 +1,126 @@
+"""`moechat generate` and `moechat plan` as a user runs them, bad input included."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from app.cli import main
+
+SHARD = "model-00001-of-00002.safetensors"
+
+
+@pytest.fixture
+def model_copy(tiny_gpt_oss, tmp_path):
+    return shutil.copytree(tiny_gpt_oss, tmp_path / "model")
+
+
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_generate_json_from_token_ids_with_experts_offloaded(tiny_gpt_oss, capsys):
+    code, out, _ = run_cli(capsys, "generate", tiny_gpt_oss, "--prompt-ids", "5,6,7,8,9,10",
+                           "--max-new-tokens", "6", "--gpu-budget", "1.95M", "--json")
+    assert code == 0
+    result = json.loads(out)
+    assert len(result["token_ids"]) <= 6
+    assert result["stop_reason"] in ("stop", "length")
+    stats = result["stats"]
+    assert stats["prefill_tokens"] == 6
+    assert stats["decode_tokens"] == len(result["token_ids"]) - 1
+    assert stats["expert_cache"]["misses"] > 0
+    assert stats["expert_cache"]["bytes_fetched"] > 0
+    assert {"ttft_s", "decode_tok_s"} <= stats.keys()
+
+
+def test_generate_chat_separates_reasoning_from_answer(tiny_gpt_oss, capsys):
+    code, out, _ = run_cli(capsys, "generate", tiny_gpt_oss, "--chat", "--prompt", "Hello there",
+                           "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "3", "--json")
+    assert code == 0
+    result = json.loads(out)
+    again = json.loads(run_cli(capsys, "generate", tiny_gpt_oss, "--chat", "--prompt", "Hello there",
+                               "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "3", "--json")[1])
+    assert again["token_ids"] == result["token_ids"]  # seeded sampling reproduces the answer
+    assert result["stats"]["prefill_tokens"] > 3  # the template wrapped the message
+
+
+def test_console_script_streams_and_reports_errors_without_traceback(tiny_gpt_oss):
+    ok = subprocess.run([sys.executable, "-m", "app", "generate", str(tiny_gpt_oss), "--prompt", "def main",
+                         "--max-new-tokens", "4"], capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "tok/s" in ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "app", "generate", str(tiny_gpt_oss), "--prompt-ids", "1,2,100000"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0
+    assert bad.stderr.strip().splitlines() == [
+        "moechat: error: token id 100000 is outside the vocabulary (0 … 383)"
+    ]
+
+
+def break_missing_shard(folder):
+    (folder / SHARD).unlink()
+
+
+def break_truncated_shard(folder):
+    data = (folder / SHARD).read_bytes()
+    (folder / SHARD).write_bytes(data[: len(data) - 100])
+
+
+def break_model_type(folder):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+
+
+def break_tensor_shape(folder):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 64}))
+
+
+def break_config_json(folder):
+    (folder / "config.json").write_text("{ not json")
+
+
+@pytest.mark.parametrize(("damage", "message"), [
+    (break_missing_shard, f"checkpoint file {SHARD} is missing"),
+    (break_truncated_shard, "is truncated"),
+    (break_model_type, "model type 'llama'"),
+    (break_tensor_shape, "has shape [8, 192, 2, 16] but this config needs [8, 128, 2, 16]"),
+    (break_config_json, "is not valid JSON"),
+])
+def test_a_damaged_model_folder_gives_one_clear_line(model_copy, capsys, damage, message):
+    damage(model_copy)
+    code, out, err = run_cli(capsys, "generate", model_copy, "--prompt-ids", "1,2,3")
+    assert code != 0
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("moechat: error: ")
+    assert message in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--prompt-ids", "1,2,3", "--gpu-budget", "64K"], "GPU budget 64.00 KiB is too small"),
+    (["--prompt-ids", "1,2,384"], "token id 384 is outside the vocabulary"),
+    (["--prompt-ids", ""], "the prompt is empty"),
+    (["--prompt", ""], "the prompt is empty"),
+])
+def test_bad_requests_give_one_clear_line(tiny_gpt_oss, capsys, args, message):
+    code, out, err = run_cli(capsys, "generate", tiny_gpt_oss, *args)
+    assert code != 0
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert message in err
+
+
+def test_plan_prints_the_placement(tiny_gpt_oss, capsys):
+    code, out, _ = run_cli(capsys, "plan", tiny_gpt_oss, "--gpu-budget", "3M", "--ram-budget", "200K", "--json")
+    assert code == 0
+    plan = json.loads(out)
+    assert 0 < plan["expert_slots"] < plan["total_experts"]
+    assert plan["host_experts"] == 200 * 1024 // plan["expert_bytes"]
+    assert plan["disk_experts"] == plan["total_experts"] - plan["host_experts"]
+    assert plan["device_bytes"] <= 3 * 1024 * 1024
