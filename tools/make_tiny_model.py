@@ -11,8 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss  # noqa: E402
-from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer  # noqa: E402
+from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
+from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
 
 
 def main() -> None:

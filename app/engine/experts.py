@@ -6,10 +6,11 @@ compute time. On CPU the cache is still a separate arena, so the fetch mechanics
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
 ExpertTensors = dict[str, torch.Tensor]
 ExpertKey = tuple[int, int]  # (layer, expert)
 
@@ -58,34 +59,66 @@ def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
 
 @dataclass
 class CacheStats:
+    """Demand hits and misses per (layer, expert) use, bytes copied to the device (misses and
+    prefetches), and how well look-ahead predictions matched the experts a layer then used."""
+
     hits: int = 0
     misses: int = 0
     bytes_fetched: int = 0
     disk_reads: int = 0
     evictions: int = 0
+    prefetches: int = 0
+    predicted: int = 0  # experts predicted for layers that then ran
+    predicted_used: int = 0  # of those, experts the layer really used
+    used_after_prediction: int = 0  # experts used by layers that had a prediction
 
-    def as_dict(self) -> dict[str, int]:
-        return dict(self.__dict__)
+    def since(self, earlier: "CacheStats") -> "CacheStats":
+        return CacheStats(**{name: value - getattr(earlier, name) for name, value in self.__dict__.items()})
+
+    def as_dict(self) -> dict[str, float]:
+        stats = dict(self.__dict__)
+        stats["prefetch_coverage"] = self.predicted_used / self.used_after_prediction if self.predicted else 0.0
+        stats["prefetch_waste"] = 1 - self.predicted_used / self.predicted if self.predicted else 0.0
+        return stats
 
 
 class ExpertCache:
-    """A fixed number of device slots holding experts, evicting the least recently used."""
+    """A fixed number of device slots holding experts, evicting the least recently used.
 
-    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device):
+    On a GPU, copies run on their own stream: each slot remembers the event that ends its copy
+    (the compute stream waits for it) and the event that ends the last kernel reading it (a copy
+    into the slot waits for that). When every expert fits, `slot_table` maps (layer, expert) to a
+    slot on the device, so routing needs no host synchronisation at all.
+    """
+
+    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, prefetch_layers: int = 0):
         template = store.expert(store.layers[0], 0)
         self.store = store
         self.num_slots = num_slots
+        self.prefetch_layers = prefetch_layers
+        self.device = device
         self.arenas = {
             name: torch.empty((num_slots, *t.shape), dtype=t.dtype, device=device) for name, t in template.items()
         }
+        self.slot_table = torch.full((max(store.layers) + 1, store.num_experts), -1, dtype=torch.long, device=device)
+        self.complete = False
         self._slot_of: OrderedDict[ExpertKey, int] = OrderedDict()
         self._free = list(range(num_slots - 1, -1, -1))
+        self._predicted: dict[int, set[int]] = {}
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._copied: dict[int, torch.cuda.Event] = {}
+        self._released: dict[int, torch.cuda.Event] = {}
+        self._resident_uses = torch.zeros((), dtype=torch.long, device=device)
         self.stats = CacheStats()
 
     def preload(self, keys: list[ExpertKey]) -> None:
         """Fill free slots before decoding starts (not counted as misses: nothing waits for them)."""
         for key in keys[: len(self._free)]:
             self._load(key, self._free.pop())
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
+            self._copied.clear()
+        self.complete = len(self._slot_of) == len(self.store.layers) * self.store.num_experts
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding `experts` of `layer`, fetching misses. At most `num_slots` experts at once."""
@@ -95,7 +128,7 @@ class ExpertCache:
             key = (layer, expert)
             slot = self._slot_of.get(key)
             if slot is None:
-                slot = self._free.pop() if self._free else self._evict()
+                slot = self._take_slot()
                 self._load(key, slot)
                 self.stats.misses += 1
                 self.stats.bytes_fetched += self.store.expert_bytes
@@ -105,6 +138,25 @@ class ExpertCache:
                 self.stats.hits += 1
             slots.append(slot)
         return slots
+
+    def prefetch(self, layer: int, experts: list[int]) -> None:
+        """Start copying the experts a later layer is predicted to use; remember the prediction."""
+        self._predicted[layer] = set(experts)
+        for expert in experts:
+            key = (layer, expert)
+            if key in self._slot_of:
+                continue
+            self._load(key, self._take_slot())
+            self.stats.prefetches += 1
+            self.stats.bytes_fetched += self.store.expert_bytes
+            self.stats.disk_reads += self.store.is_on_disk(*key)
+
+    def lookahead_layers(self, layer: int, num_tokens: int) -> tuple[int, ...]:
+        """Later MoE layers whose experts the model should predict now (none when all are resident)."""
+        if self.complete or num_tokens > PREFETCH_MAX_TOKENS:
+            return ()
+        position = self.store.layers.index(layer)
+        return self.store.layers[position + 1 : position + 1 + self.prefetch_layers]
 
     def groups(self, layer: int, experts: list[int]) -> Iterator[tuple[list[int], list[int]]]:
         """(experts, slots) in groups that fit the cache, each fetched just before it is used."""
@@ -119,29 +171,91 @@ class ExpertCache:
         top_experts: torch.Tensor,
         top_weights: torch.Tensor,
         experts_fn: Callable[..., torch.Tensor],
+        predictions: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Weighted sum of the routed experts: hidden [T, H], top_experts/top_weights [T, k] -> [T, H].
 
         `experts_fn(hidden, arenas, slots, weights)` is the kernel; slot -1 marks experts that are
-        not in the current group.
+        not in the current group. `predictions` maps later layers to experts [N] predicted for them;
+        their copies start once this layer's kernel is queued.
         """
+        if self.complete:
+            self._count_resident_uses(top_experts)
+            return experts_fn(hidden, self.arenas, self.slot_table[layer][top_experts], top_weights)
+        layers = sorted(predictions or {})
+        # one host synchronisation for this layer's routing and the look-ahead predictions
+        wanted = torch.cat([top_experts.flatten(), *(predictions[later].flatten() for later in layers)]).tolist()
+        used = sorted(set(wanted[: top_experts.numel()]))
+        self._score_prediction(layer, used)
         out = torch.zeros_like(hidden)
         slot_of = torch.full((self.store.num_experts,), -1, dtype=torch.long, device=hidden.device)
-        for experts, slots in self.groups(layer, sorted(set(top_experts.flatten().tolist()))):
+        for experts, slots in self.groups(layer, used):
+            self._wait_for_copies(slots)
             slot_of.fill_(-1)
             slot_of[torch.tensor(experts, device=hidden.device)] = torch.tensor(slots, device=hidden.device)
             out += experts_fn(hidden, self.arenas, slot_of[top_experts], top_weights)
+            self._mark_released(slots)
+        offset = top_experts.numel()
+        for later in layers:
+            count = predictions[later].numel()
+            self.prefetch(later, sorted(set(wanted[offset : offset + count])))
+            offset += count
         return out
 
     def resident(self) -> set[ExpertKey]:
         return set(self._slot_of)
 
-    def _evict(self) -> int:
-        _, slot = self._slot_of.popitem(last=False)
+    def snapshot(self) -> CacheStats:
+        """The statistics so far (reading the device-side counter of the fully resident path)."""
+        if self.complete:
+            self.stats.hits = int(self._resident_uses)
+        return replace(self.stats)
+
+    def _count_resident_uses(self, top_experts: torch.Tensor) -> None:
+        used = torch.zeros(self.store.num_experts, dtype=torch.long, device=top_experts.device)
+        self._resident_uses += used.index_fill_(0, top_experts.flatten(), 1).sum()
+
+    def _score_prediction(self, layer: int, used: list[int]) -> None:
+        predicted = self._predicted.pop(layer, None)
+        if predicted is not None:
+            self.stats.predicted += len(predicted)
+            self.stats.predicted_used += len(predicted.intersection(used))
+            self.stats.used_after_prediction += len(used)
+
+    def _take_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        key, slot = self._slot_of.popitem(last=False)
+        self.slot_table[key] = -1
         self.stats.evictions += 1
         return slot
 
     def _load(self, key: ExpertKey, slot: int) -> None:
-        for name, tensor in self.store.expert(*key).items():
-            self.arenas[name][slot].copy_(tensor, non_blocking=tensor.is_pinned())
+        source = self.store.expert(*key)
+        if self._copy_stream is None:
+            for name, tensor in source.items():
+                self.arenas[name][slot].copy_(tensor)
+        else:
+            released = self._released.pop(slot, None)
+            if released is not None:
+                self._copy_stream.wait_event(released)
+            with torch.cuda.stream(self._copy_stream):
+                for name, tensor in source.items():
+                    self.arenas[name][slot].copy_(tensor, non_blocking=True)
+                self._copied[slot] = torch.cuda.Event()
+                self._copied[slot].record()
         self._slot_of[key] = slot
+        self.slot_table[key] = slot
+
+    def _wait_for_copies(self, slots: list[int]) -> None:
+        for slot in slots:
+            copied = self._copied.pop(slot, None)
+            if copied is not None:
+                torch.cuda.current_stream(self.device).wait_event(copied)
+
+    def _mark_released(self, slots: list[int]) -> None:
+        if self._copy_stream is not None:
+            released = torch.cuda.Event()
+            released.record()
+            for slot in slots:
+                self._released[slot] = released

@@ -2,7 +2,6 @@
 
 import time
 from collections.abc import Iterator
-from dataclasses import replace
 
 import torch
 
@@ -40,8 +39,7 @@ def generate(
     """Yield one `Tokens` per step, then `Done` with the statistics of the whole generation."""
     check_prompt(prompt_ids, model.config.vocab_size)
     cache.check_room(len(prompt_ids))
-    expert_stats = model.experts.stats
-    stats_before = replace(expert_stats)
+    stats_before = model.experts.snapshot()
     started = time.perf_counter()
     with torch.inference_mode():
         token = sampler.sample(prefill(model, cache, prompt_ids))
@@ -62,11 +60,10 @@ def generate(
             emitted += 1
     finished = time.perf_counter()
     decode_seconds = finished - first_token_at
-    fetched = {key: value - getattr(stats_before, key) for key, value in expert_stats.as_dict().items()}
     yield Done(reason, {
         "prefill_tokens": len(prompt_ids),
         "decode_tokens": emitted - 1,
         "ttft_s": first_token_at - started,
         "decode_tok_s": (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0,
-        "expert_cache": fetched,
+        "expert_cache": model.experts.snapshot().since(stats_before).as_dict(),
     })

@@ -41,6 +41,7 @@ def load_model(
     gpu_budget: int | None = None,
     ram_budget: int | None = None,
     context: int = 4096,
+    prefetch_layers: int = 2,
 ) -> LoadedModel:
     torch_device = resolve_device(device)
     facts = ModelFacts.from_folder(folder)
@@ -58,7 +59,7 @@ def load_model(
         placement.host_experts,
         pin=torch_device.type == "cuda",
     )
-    cache = ExpertCache(store, placement.expert_slots, torch_device)
+    cache = ExpertCache(store, placement.expert_slots, torch_device, prefetch_layers)
     if placement.expert_slots >= facts.total_experts:
         cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
     model = model_class(config, checkpoint, cache, DTYPES[dtype])

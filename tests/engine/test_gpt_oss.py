@@ -71,7 +71,7 @@ def test_offloaded_experts_give_identical_tokens_and_the_misses_routing_implies(
     ids = prompt(3)
     resident = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64)
     offloaded = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64,
-                           gpu_budget=_budget_for_slots(resident, 3), ram_budget=None)
+                           gpu_budget=_budget_for_slots(resident, 3), prefetch_layers=0)
     assert offloaded.placement.expert_slots == 3
     tokens = our_greedy(resident, ids, NEW_TOKENS)
     assert our_greedy(offloaded, ids, NEW_TOKENS) == tokens
@@ -84,6 +84,39 @@ def test_offloaded_experts_give_identical_tokens_and_the_misses_routing_implies(
     assert stats.bytes_fetched == misses * _mxfp4_expert_bytes(offloaded.folder.config)
 
 
+def test_look_ahead_prefetch_keeps_tokens_and_reports_true_coverage_and_waste(tiny_gpt_oss):
+    """Coverage and waste recomputed from transformers' own hidden states and routers: layer m is
+    predicted from the post-attention norm output of layer m - 1 (decode steps only)."""
+    ids = prompt(9)
+    resident = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64)
+    prefetching = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64,
+                             gpu_budget=_budget_for_slots(resident, 6), prefetch_layers=1)
+    tokens = our_greedy(resident, ids, 16)
+    assert our_greedy(prefetching, ids, 16) == tokens
+
+    ref = reference(tiny_gpt_oss)
+    normed = []
+    hooks = [layer.post_attention_layernorm.register_forward_hook(lambda _m, _i, out: normed.append(out[0]))
+             for layer in ref.model.layers]
+    with torch.no_grad():
+        ref(torch.tensor([ids + tokens[:-1]]))
+    for hook in hooks:
+        hook.remove()
+    routers = [layer.mlp.router for layer in ref.model.layers]
+    top_k = ref.config.num_experts_per_tok
+    hit = predicted = used = 0
+    for position in range(len(ids), len(ids) + len(tokens) - 1):
+        for layer in range(1, len(routers)):
+            guess = set(_router_logits(routers[layer], normed[layer - 1][position]).topk(top_k).indices.tolist())
+            truth = set(_router_logits(routers[layer], normed[layer][position]).topk(top_k).indices.tolist())
+            hit, predicted, used = hit + len(guess & truth), predicted + len(guess), used + len(truth)
+    stats = prefetching.model.experts.snapshot().as_dict()
+    assert stats["prefetches"] > 0
+    assert stats["prefetch_coverage"] == pytest.approx(hit / used)
+    assert stats["prefetch_waste"] == pytest.approx(1 - hit / predicted)
+    assert 0 < stats["prefetch_coverage"] < 1
+
+
 def test_experts_read_from_disk_past_the_ram_budget_give_identical_tokens(tiny_gpt_oss):
     ids = prompt(5)
     resident = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64)
@@ -93,6 +126,10 @@ def test_experts_read_from_disk_past_the_ram_budget_give_identical_tokens(tiny_g
     assert from_disk.placement.host_experts == 5
     assert our_greedy(from_disk, ids, 12) == our_greedy(resident, ids, 12)
     assert from_disk.model.experts.stats.disk_reads > 0
+
+
+def _router_logits(router, hidden):
+    return hidden @ router.weight.T + router.bias
 
 
 def _budget_for_slots(loaded, slots: int) -> int:

@@ -174,4 +174,9 @@ class GptOss:
         logits = x @ layer["router"].T + layer["router_bias"]  # [T, E]
         top_logits, top_experts = torch.topk(logits, self.config.num_experts_per_tok, dim=-1)
         top_weights = torch.softmax(top_logits, dim=-1)
-        return self.experts.run(index, x, top_experts, top_weights, self.run_experts)
+        predictions = {
+            later: torch.topk(x @ self.layers[later]["router"].T + self.layers[later]["router_bias"],
+                              self.config.num_experts_per_tok, dim=-1).indices
+            for later in self.experts.lookahead_layers(index, len(x))
+        }
+        return self.experts.run(index, x, top_experts, top_weights, self.run_experts, predictions)
