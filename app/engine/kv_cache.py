@@ -10,6 +10,10 @@ class KVCache:
 
     A forward pass of T tokens writes rows [length, length + T) of each layer, then `advance(T)`
     commits them. Speculation rewinds with `truncate(n)`: rows past n are simply overwritten later.
+
+    For a captured CUDA graph the shapes must not change from step to step: then `static_positions`
+    (a device tensor the graph reads) says where the new rows go, and attention sees every row,
+    masked by position.
     """
 
     def __init__(
@@ -22,6 +26,8 @@ class KVCache:
     ):
         self.capacity = capacity
         self.length = 0
+        self.device = device
+        self.static_positions: torch.Tensor | None = None
         self.buffers = {
             name: torch.zeros((num_layers, capacity, *shape), dtype=dtype, device=device)
             for name, shape in token_shapes.items()
@@ -33,10 +39,20 @@ class KVCache:
                 f"the context is full ({self.capacity} tokens): start a new chat or load with a longer context"
             )
 
+    def positions(self, num_tokens: int) -> torch.Tensor:
+        """Positions [T] of the tokens about to be written."""
+        if self.static_positions is not None:
+            return self.static_positions
+        return torch.arange(self.length, self.length + num_tokens, device=self.device)
+
     def update(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
-        """Write values [T, ...] after the committed rows; return rows [0, length + T)."""
-        end = self.length + values.shape[0]
+        """Write values [T, ...] after the committed rows; return rows [0, length + T) (all rows
+        with static positions)."""
         buffer = self.buffers[name][layer]
+        if self.static_positions is not None:
+            buffer.index_copy_(0, self.static_positions, values)
+            return buffer
+        end = self.length + values.shape[0]
         buffer[self.length : end] = values
         return buffer[:end]
 

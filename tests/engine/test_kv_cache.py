@@ -37,3 +37,19 @@ def test_truncate_rewinds_the_model_exactly(tiny_gpt_oss):
         fresh = model.forward(torch.cat([prompt, torch.tensor([30, 31])]), model.new_kv_cache(40))[-2:]
     assert cache.length == len(prompt) + 2
     assert torch.allclose(rewound, fresh, atol=1e-5)
+
+
+def test_static_positions_see_every_row_and_match_the_eager_step(tiny_gpt_oss):
+    """The shape-stable path a CUDA graph replays gives the same logits as the eager decode step."""
+    model = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=40).model
+    eager, static = model.new_kv_cache(40), model.new_kv_cache(40)
+    prompt = torch.arange(40, 52)
+    with torch.inference_mode():
+        model.forward(prompt, eager)
+        model.forward(prompt, static)
+        static.static_positions = torch.tensor([static.length])
+        for token in (7, 8, 9):
+            expected = model.forward(torch.tensor([token]), eager)
+            static.static_positions.fill_(static.length)
+            assert torch.allclose(model.forward(torch.tensor([token]), static), expected, atol=1e-5)
+    assert static.length == eager.length == len(prompt) + 3

@@ -147,7 +147,7 @@ class GptOss:
     def forward(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32)."""
         cache.check_room(len(token_ids))
-        positions = torch.arange(cache.length, cache.length + len(token_ids), device=self.device)
+        positions = cache.positions(len(token_ids))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         x = self.embed[token_ids]
         for index, layer in enumerate(self.layers):
