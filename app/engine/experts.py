@@ -6,6 +6,7 @@ compute time. On CPU the cache is still a separate arena, so the fetch mechanics
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
@@ -204,6 +205,14 @@ class ExpertCache:
 
     def resident(self) -> set[ExpertKey]:
         return set(self._slot_of)
+
+    @contextmanager
+    def uncounted(self) -> Iterator[None]:
+        """Work done inside (warm-up passes) leaves the statistics as they were."""
+        saved_stats, saved_uses = replace(self.stats), self._resident_uses.clone()
+        yield
+        self.stats = saved_stats
+        self._resident_uses.copy_(saved_uses)
 
     def snapshot(self) -> CacheStats:
         """The statistics so far (reading the device-side counter of the fully resident path)."""

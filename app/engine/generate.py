@@ -1,10 +1,11 @@
 """Prefill and decode as a generator of events."""
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
+from app.engine.cuda_graph import DecodeGraph
 from app.engine.kv_cache import KVCache
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler
@@ -24,8 +25,20 @@ def prefill(model, cache: KVCache, prompt_ids: list[int]) -> torch.Tensor:
     """Run the prompt through the model in chunks; return the logits of its last position [V]."""
     ids = torch.tensor(prompt_ids, device=model.device)
     for start in range(0, len(ids), PREFILL_CHUNK):
-        logits = model.forward(ids[start : start + PREFILL_CHUNK], cache)
+        logits = model.forward(ids[start : start + PREFILL_CHUNK], cache, last_only=True)
     return logits[-1]
+
+
+def decode_step(model, cache: KVCache) -> Callable[[int], torch.Tensor]:
+    """token -> its logits [V]. A captured CUDA graph when routing needs no host work (every
+    expert resident on a GPU), else the eager forward."""
+    if model.device.type == "cuda" and model.experts.complete:
+        return DecodeGraph(model, cache).step
+
+    def eager(token: int) -> torch.Tensor:
+        return model.forward(torch.tensor([token], device=model.device), cache)[-1]
+
+    return eager
 
 
 def generate(
@@ -42,6 +55,7 @@ def generate(
     stats_before = model.experts.snapshot()
     started = time.perf_counter()
     with torch.inference_mode():
+        decode = decode_step(model, cache)
         token = sampler.sample(prefill(model, cache, prompt_ids))
         first_token_at = time.perf_counter()
         emitted = 1
@@ -56,7 +70,7 @@ def generate(
             if cache.length >= cache.capacity:
                 reason = "context"
                 break
-            token = sampler.sample(model.forward(torch.tensor([token], device=model.device), cache)[-1])
+            token = sampler.sample(decode(token))
             emitted += 1
     finished = time.perf_counter()
     decode_seconds = finished - first_token_at

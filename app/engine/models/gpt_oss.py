@@ -144,8 +144,9 @@ class GptOss:
         shape = (c.num_key_value_heads, c.head_dim)
         return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
 
-    def forward(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32)."""
+    def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
+        [1, vocab] for the last position only (a prefill chunk needs no more)."""
         cache.check_room(len(token_ids))
         positions = cache.positions(len(token_ids))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
@@ -155,6 +156,8 @@ class GptOss:
                                     positions, cos, sin, cache)
             x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
         cache.advance(len(token_ids))
+        if last_only:
+            x = x[-1:]
         x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
         return (x @ self.lm_head.T).float()
 
