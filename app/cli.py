@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
+    download = commands.add_parser("download", help="download a model from the Hugging Face hub (resumable)")
+    download.set_defaults(run=_run_download)
+    download.add_argument("repo_id", help="owner/name or the model's hub URL")
+    download.add_argument("--revision", default="main")
+    download.add_argument("--dir", help="target folder (default: the app's model library)")
+
     plan = commands.add_parser("plan", help="show where a model's bytes go under the given budgets")
     plan.set_defaults(run=_run_plan)
     plan.add_argument("model")
@@ -135,6 +141,31 @@ def _run_plan(args) -> int:
     ]
     for label, value in rows:
         print(f"{label:<40} {value:>12}")
+    return 0
+
+
+def _run_download(args) -> int:
+    from pathlib import Path
+
+    from app.hub import KNOWN_DRAFTERS, Download, parse_repo_id, write_manifest
+    from app.paths import model_folder_for
+    from app.sizes import format_size
+
+    repo_id = parse_repo_id(args.repo_id)
+    download = Download(repo_id, Path(args.dir) if args.dir else model_folder_for(repo_id), args.revision)
+    print(f"{repo_id} @ {download.commit[:12]}: {len(download.files)} files, {format_size(download.total_bytes)}, "
+          f"{format_size(download.missing_bytes())} to fetch into {download.folder}", file=sys.stderr)
+
+    def report(progress) -> None:
+        eta = f"{progress.eta_s:.0f} s left" if progress.eta_s is not None else ""
+        print(f"\r{progress.file}: {format_size(progress.done)} of {format_size(progress.total)}, "
+              f"{format_size(progress.speed_bps)}/s {eta}   ", end="", file=sys.stderr, flush=True)
+
+    download.run(report)
+    write_manifest(download)
+    print(f"\ndone: {download.folder}", file=sys.stderr)
+    if repo_id in KNOWN_DRAFTERS:
+        print(f"a DFlash drafter exists for this model: moechat download {KNOWN_DRAFTERS[repo_id]}", file=sys.stderr)
     return 0
 
 
