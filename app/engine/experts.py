@@ -30,6 +30,7 @@ class ExpertStore:
         num_experts: int,
         host_experts: int,
         pin: bool,
+        on_layer: Callable[[int], None] = lambda layers_done: None,
     ):
         self.layers = layers
         self.num_experts = num_experts
@@ -42,6 +43,8 @@ class ExpertStore:
             else:
                 self._on_disk.add(key)
             self._experts[key] = tensors
+            if key[1] == num_experts - 1:
+                on_layer(index // num_experts + 1)
         first = self._experts[(layers[0], 0)]
         self.expert_bytes = sum(t.numel() * t.element_size() for t in first.values())
 

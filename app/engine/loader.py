@@ -1,5 +1,6 @@
 """Open a model folder, plan the placement, and build the model on the device exactly as planned."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,8 +43,12 @@ def load_model(
     ram_budget: int | None = None,
     context: int = 4096,
     prefetch_layers: int = 2,
+    on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
 ) -> LoadedModel:
+    """`on_progress(stage, fraction)` is called between stages and per layer of experts; raising
+    from it cancels the load."""
     torch_device = resolve_device(device)
+    on_progress("planning", 0.0)
     facts = ModelFacts.from_folder(folder)
     placement = plan_placement(facts, gpu_budget, ram_budget, context, dtype_bytes(dtype))
     config_class, model_class, make_reader = ARCHITECTURES[folder.model_type]
@@ -58,9 +63,13 @@ def load_model(
         facts.num_experts,
         placement.host_experts,
         pin=torch_device.type == "cuda",
+        on_layer=lambda done: on_progress("expert store", done / len(facts.moe_layers)),
     )
+    on_progress("expert cache", 0.0)
     cache = ExpertCache(store, placement.expert_slots, torch_device, prefetch_layers)
     if placement.expert_slots >= facts.total_experts:
         cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
+    on_progress("resident weights", 0.0)
     model = model_class(config, checkpoint, cache, DTYPES[dtype])
+    on_progress("ready", 1.0)
     return LoadedModel(folder, facts, placement, model)

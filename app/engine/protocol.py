@@ -1,5 +1,6 @@
 """Messages between the engine and its front doors (CLI, desktop app, server). No torch here."""
 
+import multiprocessing
 from dataclasses import dataclass, field
 
 
@@ -10,6 +11,7 @@ class Tokens:
 
     token_ids: list[int]
     pieces: list[tuple[str, str]] = field(default_factory=list)
+    request_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,3 +21,117 @@ class Done:
 
     stop_reason: str
     stats: dict = field(default_factory=dict)
+    request_id: int = 0
+
+
+# Requests (front door -> engine)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadModel:
+    path: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    gpu_budget: int | None = None
+    ram_budget: int | None = None
+    context: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Exactly one of token_ids / text / messages (a chat rendered by the model's template)."""
+
+    request_id: int
+    max_new_tokens: int
+    token_ids: list[int] | None = None
+    text: str | None = None
+    messages: list[dict] | None = None
+    reasoning_effort: str | None = None
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop the running generation or load; a generation then ends with stop_reason "cancelled"."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+# Events (engine -> front door), besides Tokens and Done
+
+
+@dataclass(frozen=True, slots=True)
+class LoadProgress:
+    stage: str
+    fraction: float
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """The model is ready; `info` has the model type, vocabulary size, context and placement."""
+
+    info: dict
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """Decode figures over the last few steps (sent at most ~10 times a second)."""
+
+    request_id: int
+    tokens: int
+    seconds: float
+    hits: int
+    misses: int
+    bytes_fetched: int
+    prefetch_coverage: float
+    prefetch_waste: float
+
+
+@dataclass(frozen=True, slots=True)
+class Error:
+    """kind: "load", "request" (bad input), "cancelled" or "internal"; message is one readable line."""
+
+    kind: str
+    message: str
+    request_id: int | None = None
+
+
+@dataclass
+class EngineProcess:
+    """A running engine child process and its two queues."""
+
+    process: object  # multiprocessing.Process
+    requests: object  # multiprocessing.Queue of requests
+    events: object  # multiprocessing.Queue of events
+
+    def send(self, request) -> None:
+        self.requests.put(request)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        if self.process.is_alive():
+            self.requests.put(Shutdown())
+            self.process.join(timeout_s)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def spawn_engine() -> EngineProcess:
+    """Start the engine in a fresh `spawn`ed process (torch is imported there, never here)."""
+    context = multiprocessing.get_context("spawn")
+    requests, events = context.Queue(), context.Queue()
+    process = context.Process(target=_run_engine, args=(requests, events), name="moechat-engine", daemon=True)
+    process.start()
+    return EngineProcess(process, requests, events)
+
+
+def _run_engine(requests, events) -> None:
+    from app.engine.process import engine_main
+
+    engine_main(requests, events)

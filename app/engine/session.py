@@ -42,6 +42,22 @@ class Session:
         self.tokenizer = tokenizer
 
     @classmethod
+    def load(cls, path: str | Path, **load_options) -> "Session":
+        """Load a model with a fixed context (the desktop app and the server)."""
+        folder = ModelFolder.open(path)
+        return cls(load_model(folder, **load_options), ChatTokenizer.load(folder.path))
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        ids = prompt_ids(self.tokenizer, prompt)
+        check_prompt(ids, self.loaded.model.config.vocab_size)
+        if len(ids) >= self.loaded.context:
+            raise UserError(
+                f"the prompt has {len(ids)} tokens but the context holds {self.loaded.context}: "
+                "shorten the chat or load the model with a longer context"
+            )
+        return ids
+
+    @classmethod
     def open(cls, path: str | Path, prompt: Prompt, max_new_tokens: int, **load_options) -> "tuple[Session, list[int]]":
         """Load a model sized for this prompt: the context holds the prompt and the answer."""
         folder = ModelFolder.open(path)
@@ -55,7 +71,7 @@ class Session:
 
     def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int) -> Iterator[Tokens | Done]:
         model = self.loaded.model
-        cache = model.new_kv_cache(len(ids) + max_new_tokens)
+        cache = model.new_kv_cache(min(len(ids) + max_new_tokens, self.loaded.context))
         parser = self.tokenizer.output_parser(ids) if self.tokenizer else None
         sampler = Sampler(sampling, model.device)
         for event in generate(model, cache, ids, sampler, max_new_tokens, self.loaded.folder.stop_token_ids()):

@@ -1,0 +1,78 @@
+"""The engine server behind the queues, driven directly and as a real spawned process."""
+
+from app.engine.process import EngineServer
+from app.engine.protocol import (
+    Done,
+    Error,
+    Generate,
+    Loaded,
+    LoadModel,
+    LoadProgress,
+    Tokens,
+    spawn_engine,
+)
+from app.engine.sampling import SamplingParams
+from app.engine.session import Prompt, Session, collect
+
+
+def serve(requests, cancel_after_tokens: int | None = None) -> list:
+    events = []
+
+    def cancel_requested() -> bool:
+        produced = sum(len(e.token_ids) for e in events if isinstance(e, Tokens))
+        return cancel_after_tokens is not None and produced >= cancel_after_tokens
+
+    server = EngineServer(events.append, cancel_requested)
+    for request in requests:
+        server.handle(request)
+    return events
+
+
+def test_load_then_generate_streams_tokens_like_a_direct_session(tiny_gpt_oss):
+    request = Generate(1, max_new_tokens=8, messages=[{"role": "user", "content": "hello"}])
+    events = serve([LoadModel(str(tiny_gpt_oss), context=128), request])
+    stages = [e.stage for e in events if isinstance(e, LoadProgress)]
+    assert stages[0] == "planning" and stages[-1] == "ready" and "expert store" in stages
+    loaded = next(e for e in events if isinstance(e, Loaded))
+    assert loaded.info["model_type"] == "gpt_oss" and loaded.info["context"] == 128
+    tokens = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
+    done = events[-1]
+    assert isinstance(done, Done) and done.request_id == 1
+    session = Session.load(tiny_gpt_oss, context=128)
+    ids = session.prompt_ids(Prompt(messages=[{"role": "user", "content": "hello"}]))
+    expected = collect(session.generate(ids, SamplingParams(), 8))
+    assert tokens == expected["token_ids"]
+
+
+def test_cancel_stops_a_generation_between_steps(tiny_gpt_oss):
+    events = serve([LoadModel(str(tiny_gpt_oss), context=128), Generate(2, 50, token_ids=[5, 6, 7])],
+                   cancel_after_tokens=3)
+    assert events[-1] == Done("cancelled", {}, 2)
+    assert sum(len(e.token_ids) for e in events if isinstance(e, Tokens)) == 3
+
+
+def test_errors_are_events_with_one_readable_line(tiny_gpt_oss, tmp_path):
+    events = serve([Generate(3, 5, token_ids=[1]), LoadModel(str(tmp_path / "nowhere")),
+                    LoadModel(str(tiny_gpt_oss), context=16), Generate(4, 5, token_ids=list(range(3, 30)))])
+    errors = [e for e in events if isinstance(e, Error)]
+    assert [(e.kind, e.request_id) for e in errors] == [("request", 3), ("load", None), ("request", 4)]
+    assert "no model is loaded" in errors[0].message
+    assert "does not exist" in errors[1].message
+    assert "the prompt has 27 tokens but the context holds 16" in errors[2].message
+
+
+def test_a_spawned_engine_answers_and_shuts_down(tiny_gpt_oss):
+    engine = spawn_engine()
+    try:
+        engine.send(LoadModel(str(tiny_gpt_oss), context=64))
+        engine.send(Generate(7, max_new_tokens=5, token_ids=[10, 11, 12]))
+        events = []
+        while not events or not isinstance(events[-1], Done | Error):
+            events.append(engine.events.get(timeout=120))
+        assert isinstance(events[-1], Done), events[-1]
+        assert events[-1].request_id == 7
+        assert any(isinstance(e, Loaded) for e in events)
+        assert 1 <= sum(len(e.token_ids) for e in events if isinstance(e, Tokens)) <= 5
+    finally:
+        engine.stop()
+    assert engine.process.exitcode == 0
