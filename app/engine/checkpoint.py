@@ -3,6 +3,7 @@
 import numpy as np
 import torch
 
+from app.engine.fp8 import dequantize
 from app.errors import UserError
 from app.model_folder import ModelFolder, TensorInfo
 
@@ -47,3 +48,33 @@ class Checkpoint:
         if info.offset % raw.new_empty((), dtype=dtype).element_size():
             raw = raw.clone()  # a misaligned tensor cannot be viewed in place
         return raw.view(dtype).reshape(info.shape)
+
+    def stored_weight(self, module: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+        """`{module}.weight` as stored: {"weight": ...}, plus {"weight_scale" or "weight_scale_inv": ...} when the
+        weight is FP8 (the keys `app.engine.fp8.dequantize` reads)."""
+        weight = self.tensor(f"{module}.weight", shape)
+        if weight.dtype != torch.float8_e4m3fn:
+            return {"weight": weight}
+        quantization = self.folder.quantization
+        if quantization.method not in ("fp8", "compressed-tensors"):
+            raise UserError(
+                f"tensor '{module}.weight' is FP8 but config.json declares no FP8 quantization_config, "
+                "so its scales cannot be read: the weights do not match config.json"
+            )
+        suffix, expected = quantization.fp8_scale_suffix, quantization.fp8_scale_shape(shape)
+        scale_name = f"{module}.{suffix}"
+        if self.info(scale_name).shape != expected:
+            layout = f"{quantization.fp8_block[0]}×{quantization.fp8_block[1]} blocks" if quantization.fp8_block \
+                else "one scale per output channel"
+            raise UserError(
+                f"FP8 scale '{scale_name}' has shape {list(self.info(scale_name).shape)} but a {list(shape)} weight "
+                f"with {layout} needs {list(expected)}: the weights do not match config.json"
+            )
+        return {"weight": weight, suffix: self.tensor(scale_name, expected)}
+
+    def dequantized(
+        self, module: str, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`{module}.weight` on `device` in `dtype`; FP8 weights travel as FP8 and are scaled there."""
+        stored = {name: tensor.to(device) for name, tensor in self.stored_weight(module, shape).items()}
+        return dequantize(stored, self.folder.quantization.fp8_block, dtype)
