@@ -6,7 +6,9 @@ from app.errors import UserError
 
 
 class KVCache:
-    """Named per-token entries (e.g. "k" and "v" [kv_heads, head_dim]) for every layer.
+    """Named per-token entries (e.g. "k" and "v" [kv_heads, head_dim], or MLA's "latent") for every layer,
+    or for the first `entry_layers[name]` cache layers when an entry exists on fewer (GLM-5 keeps indexer
+    keys only for layers that run the indexer; the model numbers those).
 
     A forward pass of T tokens writes rows [length, length + T) of each layer, then `advance(T)`
     commits them. Speculation rewinds with `truncate(n)`: rows past n are simply overwritten later.
@@ -23,13 +25,15 @@ class KVCache:
         token_shapes: dict[str, tuple[int, ...]],
         dtype: torch.dtype,
         device: torch.device,
+        entry_layers: dict[str, int] | None = None,
     ):
         self.capacity = capacity
         self.length = 0
         self.device = device
         self.static_positions: torch.Tensor | None = None
+        layers = {name: num_layers for name in token_shapes} | (entry_layers or {})
         self.buffers = {
-            name: torch.zeros((num_layers, capacity, *shape), dtype=dtype, device=device)
+            name: torch.zeros((layers[name], capacity, *shape), dtype=dtype, device=device)
             for name, shape in token_shapes.items()
         }
 
@@ -44,6 +48,10 @@ class KVCache:
         if self.static_positions is not None:
             return self.static_positions
         return torch.arange(self.length, self.length + num_tokens, device=self.device)
+
+    def num_rows(self, num_tokens: int) -> int:
+        """How many rows `update` returns when T new tokens are written."""
+        return self.capacity if self.static_positions is not None else self.length + num_tokens
 
     def update(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
         """Write values [T, ...] after the committed rows; return rows [0, length + T) (all rows

@@ -1,6 +1,8 @@
-"""Building blocks shared by the model files: RMSNorm, attention masks, attention with optional sinks."""
+"""Building blocks shared by the model files: RMSNorm, attention masks, attention with optional sinks, the
+SiLU-gated MLP."""
 
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -28,20 +30,29 @@ def attend(
     scale: float,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [T, Hq, d], k/v [L, Hkv, d], visible [T, L], sinks [Hq] -> [T, Hq, d].
+    """q [T, Hq, d], k [L, Hkv, d], v [L, Hkv, dv], visible [T, L], sinks [Hq] -> [T, Hq, dv].
 
-    Grouped-query attention; a sink is an extra logit per head that joins the softmax and is then
-    dropped, so a head can attend to "nothing".
+    Grouped-query attention: query head h reads key/value head h // (Hq / Hkv), and a group's queries are
+    stacked into one matrix product rather than copying its keys (MLA runs 64 query heads on one latent
+    head). A sink is an extra logit per head that joins the softmax and is then dropped, so a head can
+    attend to "nothing".
     """
-    groups = q.shape[1] // k.shape[1]
-    k = k.repeat_interleave(groups, dim=1).transpose(0, 1)  # [Hq, L, d]
-    v = v.repeat_interleave(groups, dim=1).transpose(0, 1)
-    scores = torch.matmul(q.transpose(0, 1), k.transpose(1, 2)) * scale  # [Hq, T, L]
+    length, heads, dim = q.shape
+    kv_heads, keys = k.shape[1], k.shape[0]
+    groups = heads // kv_heads
+    stacked = q.unflatten(1, (kv_heads, groups)).permute(1, 2, 0, 3).reshape(kv_heads, groups * length, dim)
+    scores = torch.matmul(stacked, k.permute(1, 2, 0)).view(kv_heads, groups, length, keys) * scale
     scores = scores.masked_fill(~visible, float("-inf"))
     if sinks is not None:
-        sink_column = sinks.to(scores.dtype)[:, None, None].expand(-1, scores.shape[1], 1)
+        sink_column = sinks.to(scores.dtype).view(kv_heads, groups, 1, 1).expand(-1, -1, length, 1)
         scores = torch.cat((scores, sink_column), dim=-1)
     probs = torch.softmax(scores - scores.amax(dim=-1, keepdim=True), dim=-1)
     if sinks is not None:
         probs = probs[..., :-1]
-    return torch.matmul(probs.to(v.dtype), v).transpose(0, 1)
+    out = torch.matmul(probs.reshape(kv_heads, groups * length, keys).to(v.dtype), v.transpose(0, 1))
+    return out.view(kv_heads, groups, length, -1).permute(2, 0, 1, 3).reshape(length, heads, -1)
+
+
+def silu_glu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """The SiLU-gated MLP: x [T, in], gate/up [W, in], down [out, W] (rows are output features) -> [T, out]."""
+    return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T

@@ -1,4 +1,5 @@
-"""Rotary position embeddings: plain and YaRN frequencies, rotation by halves."""
+"""Rotary position embeddings: plain and YaRN frequencies, rotation by halves (whole or partial) or by
+interleaved pairs."""
 
 import math
 
@@ -48,7 +49,7 @@ def _yarn_mscale(scale: float, mscale: float) -> float:
 
 
 class Rotary:
-    """cos/sin tables for given positions and the rotation itself (halves, not interleaved)."""
+    """cos/sin tables for given positions."""
 
     def __init__(self, rotary_dim: int, theta: float, scaling: dict | None, device: torch.device):
         inv_freq, self.attention_factor = rope_frequencies(rotary_dim, theta, scaling)
@@ -61,7 +62,16 @@ class Rotary:
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, d], cos/sin [T, d/2]."""
-    first, second = x.chunk(2, dim=-1)
+    """x [T, heads, d], cos/sin [T, r/2]: the first r dims of each head rotate by halves (r < d is partial
+    RoPE), the rest pass through."""
+    rotary = 2 * cos.shape[-1]
+    first, second = x[..., :rotary].chunk(2, dim=-1)
     cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin, x[..., rotary:]), dim=-1)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, r], cos/sin [T, r/2]: interleaved RoPE, each pair (x0, x1), (x2, x3), ... turns by one
+    frequency. The result comes out de-interleaved (evens, then odds), as in transformers; queries and keys
+    share that order, so their dot products are those of the interleaved rotation."""
+    return rotate_halves(torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1), cos, sin)

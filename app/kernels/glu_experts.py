@@ -1,0 +1,40 @@
+"""SiLU-gated routed experts (GLM, DeepSeek) of one layer, read from expert-cache slots.
+
+The arenas hold each expert as its checkpoint stores it, rows being output features:
+`gate_proj.weight`, `up_proj.weight` [S, W, H] and `down_proj.weight` [S, H, W], in bf16 or FP8 e4m3.
+An FP8 weight has its scale beside it: `<proj>.weight_scale` [S, out, 1] (compressed-tensors, per output
+channel) or `<proj>.weight_scale_inv` [S, ceil(out / b0), ceil(in / b1)] (fp8, `fp8_block` = (b0, b1)).
+Weights are dequantized here, at compute time, so the cache keeps the checkpoint's bytes.
+"""
+
+import torch
+
+from app.engine.fp8 import dequantize
+from app.engine.layers import silu_glu
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def glu_experts_torch(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_block: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
+    out = torch.zeros_like(hidden)
+    for slot in slots[slots >= 0].unique().tolist():
+        tokens, picks = torch.where(slots == slot)
+        gate, up, down = (_slot_weight(arenas, name, slot, fp8_block, hidden.dtype) for name in PROJECTIONS)
+        expert_out = silu_glu(hidden[tokens], gate, up, down)
+        out.index_add_(0, tokens, expert_out * weights[tokens, picks, None].to(hidden.dtype))
+    return out
+
+
+def _slot_weight(
+    arenas: dict[str, torch.Tensor], projection: str, slot: int, fp8_block: tuple[int, int] | None, dtype: torch.dtype
+) -> torch.Tensor:
+    prefix = f"{projection}."
+    stored = {name.removeprefix(prefix): arena[slot] for name, arena in arenas.items() if name.startswith(prefix)}
+    return dequantize(stored, fp8_block, dtype)
