@@ -8,11 +8,13 @@ and complete, so that the planner and the engine can trust names, shapes and byt
 import json
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from app.errors import UserError
+from app.quantization import Quantization, read_quantization
 
-SUPPORTED_MODEL_TYPES = ("gpt_oss",)
+SUPPORTED_MODEL_TYPES = ("gpt_oss", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
 INDEX_FILE = "model.safetensors.index.json"
 DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
@@ -50,23 +52,30 @@ class ModelFolder:
         self.tensors = tensors
 
     @classmethod
-    def open(cls, path: str | Path) -> "ModelFolder":
+    def open(cls, path: str | Path, any_model_type: bool = False) -> "ModelFolder":
+        """`any_model_type` admits folders that are not targets (a drafter's `model_type` varies)."""
         path = Path(path)
         if not path.is_dir():
             raise UserError(f"model folder '{path}' does not exist")
         config = _read_json(path / "config.json", required=True)
         model_type = config.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
+        if not any_model_type and model_type not in SUPPORTED_MODEL_TYPES:
             raise UserError(
                 f"model type '{model_type}' in {path / 'config.json'} is not supported; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         generation_config = _read_json(path / "generation_config.json", required=False)
-        return cls(path, config, generation_config, _read_tensor_table(path))
+        folder = cls(path, config, generation_config, _read_tensor_table(path))
+        _ = folder.quantization  # an unsupported method is refused before anything else reads the weights
+        return folder
 
     @property
     def model_type(self) -> str:
         return self.config["model_type"]
+
+    @cached_property
+    def quantization(self) -> Quantization:
+        return read_quantization(self.config, self.path / "config.json")
 
     def stop_token_ids(self) -> list[int]:
         ids: list[int] = []

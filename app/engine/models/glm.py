@@ -1,0 +1,263 @@
+"""The decoder every GLM MoE shares: dense MLPs on the first layers, then MoE layers whose sigmoid router
+("noaux_tc": float32 scores, a correction bias used only for choosing, group limiting) picks routed SiLU
+experts from the expert cache, plus a shared expert. Attention is the architecture's own: GQA in
+glm4_moe.py, multi-head latent attention in mla.py (GLM-4.7-Flash), with DSA in glm_moe_dsa.py (GLM-5).
+
+Public API of every GLM model (besides `forward`, `new_kv_cache`, `config`, `experts`, `device`):
+- `hidden_states(token_ids, cache)` -> [T, H]: final hidden states after the last norm, what the LM head
+  and the MTP layer read; `logits(hidden)` -> [T, V] float32; `forward` is the two in a row.
+- `load_mtp()` -> `GlmMtp`, the checkpoint's multi-token-prediction layer as a drafter (glm_mtp.py).
+"""
+
+from dataclasses import MISSING, dataclass, fields
+from functools import partial
+
+import torch
+
+from app.engine.checkpoint import Checkpoint
+from app.engine.experts import ExpertCache, ExpertTensors
+from app.engine.kv_cache import KVCache
+from app.engine.layers import causal_mask, rms_norm, silu_glu
+from app.engine.models.glm_mtp import GlmMtp
+from app.engine.rope import Rotary
+from app.errors import UserError
+from app.kernels.glu_experts import PROJECTIONS, glu_experts_torch
+
+
+@dataclass(frozen=True)
+class GlmConfig:
+    """config.json keys every GLM MoE has; optional ones default as in transformers."""
+
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    vocab_size: int
+    n_shared_experts: int = 1
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    first_k_dense_replace: int = 1
+    mlp_layer_types: tuple[str, ...] | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    rope_parameters: dict | None = None
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "GlmConfig":
+        missing = [f.name for f in fields(cls) if f.default is MISSING and f.name not in config]
+        if missing:
+            raise KeyError(missing[0])
+        return cls(**{
+            f.name: tuple(value) if isinstance(value := config[f.name], list) else value
+            for f in fields(cls) if f.name in config
+        })
+
+    def is_moe_layer(self, index: int) -> bool:
+        if index >= self.num_hidden_layers:
+            return True  # the MTP layer
+        if self.mlp_layer_types:
+            return self.mlp_layer_types[index] == "sparse"
+        return index >= self.first_k_dense_replace
+
+    @property
+    def rope(self) -> tuple[float, dict | None]:
+        """(theta, scaling): transformers-5 files say `rope_parameters`, older ones `rope_theta`/`rope_scaling`."""
+        theta = (self.rope_parameters or {}).get("rope_theta", self.rope_theta)
+        return theta, self.rope_scaling or self.rope_parameters
+
+
+@dataclass
+class Step:
+    """What the layers of one forward pass share."""
+
+    positions: torch.Tensor  # [T]
+    cos: torch.Tensor  # [T, rotary_dim / 2]
+    sin: torch.Tensor
+    visible: torch.Tensor  # [T, L] causal mask over the cached and the new tokens
+    selected: torch.Tensor | None = None  # DSA: [T, L] keys chosen by the last layer that ran its indexer
+
+
+def expert_reader(config: GlmConfig, checkpoint: Checkpoint):
+    """(layer, expert) -> the expert's `{gate,up,down}_proj.weight` (+ FP8 scales) as stored in the checkpoint."""
+    width, hidden = config.moe_intermediate_size, config.hidden_size
+    shapes = {"gate_proj": (width, hidden), "up_proj": (width, hidden), "down_proj": (hidden, width)}
+    first: list[tuple[int, int, dict]] = []
+
+    def read(layer: int, expert: int) -> ExpertTensors:
+        prefix = f"model.layers.{layer}.mlp.experts.{expert}."
+        tensors = {
+            f"{projection}.{key}": tensor
+            for projection in PROJECTIONS
+            for key, tensor in checkpoint.stored_weight(prefix + projection, shapes[projection]).items()
+        }
+        layout = {name: (str(t.dtype).removeprefix("torch."), list(t.shape)) for name, t in tensors.items()}
+        if not first:
+            first.append((layer, expert, layout))
+        elif layout != first[0][2]:
+            first_layer, first_expert, first_layout = first[0]
+            raise UserError(
+                f"expert {expert} of layer {layer} is stored as {layout} but expert {first_expert} of layer "
+                f"{first_layer} as {first_layout}: every routed expert must have one format"
+            )
+        return tensors
+
+    return read
+
+
+def route(x: torch.Tensor, router: torch.Tensor, correction_bias: torch.Tensor, config: GlmConfig):
+    """x [T, H], router [E, H] and correction_bias [E] float32 -> (experts [T, k], weights [T, k] in x's dtype)."""
+    scores = torch.sigmoid(x.float() @ router.T)
+    choice = scores + correction_bias
+    if config.n_group > 1:
+        per_group = choice.unflatten(-1, (config.n_group, -1))  # [T, G, E / G]
+        group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)
+        kept = torch.zeros_like(group_scores, dtype=torch.bool)
+        kept.scatter_(1, group_scores.topk(config.topk_group, dim=-1).indices, True)
+        choice = per_group.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
+    experts = choice.topk(config.num_experts_per_tok, dim=-1).indices
+    weights = scores.gather(1, experts)
+    if config.norm_topk_prob:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return experts, (weights * config.routed_scaling_factor).to(x.dtype)
+
+
+class DenseMlp:
+    def __init__(self, model: "GlmModel", prefix: str, width: int):
+        hidden = model.config.hidden_size
+        self.gate = model.weight(prefix + "gate_proj", (width, hidden))
+        self.up = model.weight(prefix + "up_proj", (width, hidden))
+        self.down = model.weight(prefix + "down_proj", (hidden, width))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return silu_glu(x, self.gate, self.up, self.down)
+
+
+class RoutedMoe:
+    """The router's top-k routed experts (run from the expert cache) plus the unscaled shared expert.
+
+    While experts are offloaded, this layer's input also predicts the experts of the next MoE layers
+    (their routers applied to it), so that the cache can start copying them early.
+    """
+
+    def __init__(self, model: "GlmModel", index: int):
+        c = model.config
+        prefix = f"model.layers.{index}.mlp."
+        self.index = index
+        self.config = c
+        self.experts = model.experts
+        self.run_experts = model.run_experts
+        self.later_layers = model.moe_layers
+        self.router = model.tensor(prefix + "gate.weight", (c.n_routed_experts, c.hidden_size), float32=True)
+        self.correction_bias = model.tensor(prefix + "gate.e_score_correction_bias", (c.n_routed_experts,),
+                                            float32=True)
+        self.shared = DenseMlp(model, prefix + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        experts, weights = route(x, self.router, self.correction_bias, self.config)
+        predictions = {
+            later: route(x, self.later_layers[later].router, self.later_layers[later].correction_bias, self.config)[0]
+            for later in self.experts.lookahead_layers(self.index, len(x))
+            if later in self.later_layers
+        }
+        return self.experts.run(self.index, x, experts, weights, self.run_experts, predictions) + self.shared(x)
+
+
+class GlmLayer:
+    """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream."""
+
+    def __init__(self, model: "GlmModel", index: int, cache_layer: int):
+        c = model.config
+        prefix = f"model.layers.{index}."
+        self.eps = c.rms_norm_eps
+        self.input_norm = model.tensor(prefix + "input_layernorm.weight", (c.hidden_size,), float32=True)
+        self.post_norm = model.tensor(prefix + "post_attention_layernorm.weight", (c.hidden_size,), float32=True)
+        self.attention = model.attention(index, cache_layer)
+        if c.is_moe_layer(index):
+            self.mlp = model.moe_layers[index] = RoutedMoe(model, index)
+        else:
+            self.mlp = DenseMlp(model, prefix + "mlp.", c.intermediate_size)
+
+    def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
+        x = x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
+        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
+
+
+class GlmModel:
+    """A GLM forward pass over one sequence. Subclasses give `rotary_dim`, `attention(index, cache_layer)`
+    and `kv_cache(capacity, layers)` (a cache for the given checkpoint layers, in that order)."""
+
+    rotary_dim: int
+
+    def __init__(self, config: GlmConfig, checkpoint: Checkpoint, experts: ExpertCache, dtype: torch.dtype):
+        c = self.config = config
+        self.checkpoint = checkpoint
+        self.experts = experts
+        self.device = next(iter(experts.arenas.values())).device
+        self.dtype = dtype
+        self.run_experts = partial(glu_experts_torch, fp8_block=checkpoint.folder.quantization.fp8_block)
+        vocab, hidden = c.vocab_size, c.hidden_size
+        self.embed = self.tensor("model.embed_tokens.weight", (vocab, hidden))
+        self.lm_head = self.embed if c.tie_word_embeddings else self.weight("lm_head", (vocab, hidden))
+        self.final_norm = self.tensor("model.norm.weight", (hidden,), float32=True)
+        self.moe_layers: dict[int, RoutedMoe] = {}  # filled as the layers are built
+        self.layers = [GlmLayer(self, index, cache_layer=index) for index in range(c.num_hidden_layers)]
+        theta, scaling = c.rope
+        self.rotary = Rotary(self.rotary_dim, theta, scaling, self.device)
+
+    def attention(self, index: int, cache_layer: int):
+        raise NotImplementedError
+
+    def kv_cache(self, capacity: int, layers: list[int]) -> KVCache:
+        raise NotImplementedError
+
+    def tensor(self, name: str, shape: tuple[int, ...], float32: bool = False) -> torch.Tensor:
+        return self.checkpoint.tensor(name, shape).to(self.device, torch.float32 if float32 else self.dtype)
+
+    def weight(self, module: str, shape: tuple[int, ...], float32: bool = False) -> torch.Tensor:
+        """A linear layer's weight [out, in], FP8 ones dequantized."""
+        return self.checkpoint.dequantized(module, shape, self.device, torch.float32 if float32 else self.dtype)
+
+    def new_kv_cache(self, capacity: int) -> KVCache:
+        return self.kv_cache(capacity, list(range(self.config.num_hidden_layers)))
+
+    def step(self, cache: KVCache, num_tokens: int) -> Step:
+        cache.check_room(num_tokens)
+        positions = cache.positions(num_tokens)
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        return Step(positions, cos, sin, causal_mask(positions, cache.num_rows(num_tokens), None))
+
+    def hidden_states(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """token_ids [T] following the cache's committed tokens -> final hidden states [T, H] (after the norm)."""
+        step = self.step(cache, len(token_ids))
+        x = self.embed[token_ids]
+        for layer in self.layers:
+            x = layer(x, step, cache)
+        cache.advance(len(token_ids))
+        return rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return (hidden @ self.lm_head.T).float()
+
+    def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
+        [1, vocab] for the last position only (a prefill chunk needs no more)."""
+        hidden = self.hidden_states(token_ids, cache)
+        return self.logits(hidden[-1:] if last_only else hidden)
+
+    def load_mtp(self) -> GlmMtp:
+        """The checkpoint's MTP layer (index `num_hidden_layers`) as a drafter; its routed experts share the cache."""
+        index = self.config.num_hidden_layers
+        marker = f"model.layers.{index}.eh_proj.weight"
+        if not self.checkpoint.has(marker):
+            raise UserError(
+                f"the checkpoint in '{self.checkpoint.folder.path}' has no MTP layer ({marker} is missing), so "
+                "multi-token prediction is unavailable for it: generate without --spec mtp"
+            )
+        return GlmMtp(self, index, GlmLayer(self, index, cache_layer=0))

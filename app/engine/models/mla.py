@@ -1,0 +1,82 @@
+"""Multi-head latent attention (MLA, DeepSeek-V3 style), shared by GLM-4.7-Flash and GLM-5.
+
+Per token the cache keeps one "latent" row [kv_lora_rank + qk_rope_head_dim]: the normalised KV latent
+followed by the rotated rope key that all heads share. Full keys and values are never built: kv_b_proj's
+key half moves each query's no-rope part into latent space, attention runs as one shared latent "head"
+(values are the latent), and kv_b_proj's value half maps the result back per head. Shapes come from the
+lora/nope/rope/v fields, not from `head_dim` (GLM-5.2 sets head_dim 192 with a 64-dim rope).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from app.engine.kv_cache import KVCache
+from app.engine.layers import attend, rms_norm
+from app.engine.models.glm import GlmConfig, GlmModel, Step
+from app.engine.rope import rotate_halves, rotate_pairs
+
+LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm use the RMSNorm default, not rms_norm_eps
+
+
+@dataclass(frozen=True)
+class MlaConfig(GlmConfig):
+    q_lora_rank: int | None = 768
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 192
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 256
+    rope_interleave: bool = True
+
+
+class LatentAttention:
+    def __init__(self, model: GlmModel, index: int, cache_layer: int):
+        c: MlaConfig = model.config
+        prefix = f"model.layers.{index}.self_attn."
+        heads, hidden = c.num_attention_heads, c.hidden_size
+        nope, rope, latent = c.qk_nope_head_dim, c.qk_rope_head_dim, c.kv_lora_rank
+        self.cache_layer = cache_layer
+        self.splits = (nope, rope)
+        self.latent_rank = latent
+        self.scale = (nope + rope) ** -0.5
+        self.rotate = rotate_pairs if c.rope_interleave else rotate_halves
+        if c.q_lora_rank is None:
+            self.q_a = None
+            self.q_b = model.weight(prefix + "q_proj", (heads * (nope + rope), hidden))
+        else:
+            self.q_a = model.weight(prefix + "q_a_proj", (c.q_lora_rank, hidden))
+            self.q_a_norm = model.tensor(prefix + "q_a_layernorm.weight", (c.q_lora_rank,), float32=True)
+            self.q_b = model.weight(prefix + "q_b_proj", (heads * (nope + rope), c.q_lora_rank))
+        self.kv_a = model.weight(prefix + "kv_a_proj_with_mqa", (latent + rope, hidden))
+        self.kv_a_norm = model.tensor(prefix + "kv_a_layernorm.weight", (latent,), float32=True)
+        kv_b = model.weight(prefix + "kv_b_proj", (heads * (nope + c.v_head_dim), latent)).unflatten(0, (heads, -1))
+        self.key_up, self.value_up = kv_b[:, :nope], kv_b[:, nope:]  # [heads, nope, latent], [heads, v, latent]
+        self.o = model.weight(prefix + "o_proj", (hidden, heads * c.v_head_dim))
+
+    def query_latent(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, H] -> the normalised query latent [T, q_lora_rank] (x itself without a q LoRA)."""
+        return x if self.q_a is None else rms_norm(x @ self.q_a.T, self.q_a_norm, LATENT_NORM_EPS)
+
+    def visible(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
+        """Which cached tokens each query reads [T, L]: all earlier ones (DSA narrows this down)."""
+        return step.visible
+
+    def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
+        query_latent = self.query_latent(x)
+        q_nope, q_rope = (query_latent @ self.q_b.T).unflatten(-1, (self.key_up.shape[0], -1)).split(self.splits, -1)
+        kv_latent, k_rope = (x @ self.kv_a.T).split((self.latent_rank, self.splits[1]), dim=-1)
+        k_rope = self.rotate(k_rope[:, None], step.cos, step.sin)[:, 0]
+        entry = torch.cat((rms_norm(kv_latent, self.kv_a_norm, LATENT_NORM_EPS), k_rope), dim=-1)  # latent_shape
+        latents = cache.update(self.cache_layer, "latent", entry)[:, None]  # [L, 1, latent + rope]
+        queries = torch.cat((
+            torch.einsum("thn,hnc->thc", q_nope, self.key_up),
+            self.rotate(q_rope, step.cos, step.sin),
+        ), dim=-1)  # [T, heads, latent + rope]
+        visible = self.visible(x, query_latent, step, cache)
+        out = attend(queries, latents, latents[..., : self.latent_rank], visible, self.scale)  # [T, heads, latent]
+        return torch.einsum("thc,hvc->thv", out, self.value_up).flatten(-2) @ self.o.T
+
+
+def latent_shape(config: MlaConfig) -> tuple[int]:
+    """The cache's "latent" row per token and layer."""
+    return (config.kv_lora_rank + config.qk_rope_head_dim,)
