@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--ram-budget", type=_size, required=True)
     plan.add_argument("--context", type=_positive_int, default=4096)
     plan.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    plan.add_argument("--pcie-gen", type=int, choices=(3, 4, 5), default=4, help="PCIe generation of the x16 link")
+    plan.add_argument("--memory-bandwidth", type=_size, default="1000GB",
+                      help="device memory bandwidth per second, e.g. 1000GB (RTX 4090), 4800GB (H200)")
     plan.add_argument("--json", action="store_true")
     return parser
 
@@ -122,14 +125,17 @@ def _run_generate(args) -> int:
 
 def _run_plan(args) -> int:
     from app.model_folder import ModelFolder
-    from app.plan import ModelFacts, dtype_bytes, plan_placement
+    from app.plan import PCIE_BPS, Hardware, ModelFacts, dtype_bytes, plan_placement, predict_decode
     from app.sizes import format_size
 
     facts = ModelFacts.from_folder(ModelFolder.open(args.model))
     placement = plan_placement(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(args.dtype))
+    hardware = Hardware(link_bps=PCIE_BPS[args.pcie_gen], memory_bps=args.memory_bandwidth)
+    prediction = predict_decode(facts, placement, dtype_bytes(args.dtype), hardware)
     if args.json:
         print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,
-                          "total_experts": facts.total_experts}))
+                          "total_experts": facts.total_experts, "prediction": prediction.as_dict(),
+                          "hardware": hardware.__dict__}))
         return 0
     rows = [
         ("resident weights", format_size(placement.resident_bytes)),
@@ -138,6 +144,11 @@ def _run_plan(args) -> int:
         (f"expert slots ({placement.expert_slots} of {facts.total_experts})", format_size(placement.slot_bytes)),
         (f"pinned RAM store ({placement.host_experts} experts)", format_size(placement.host_bytes)),
         (f"read from disk ({placement.disk_experts} experts)", format_size(placement.disk_bytes)),
+        ("expert-cache hit rate (uniform routing)", f"{prediction.hit_rate:.0%}"),
+        ("fetched per token", format_size(prediction.fetched_bytes_per_token)),
+        (f"decode (PCIe Gen{args.pcie_gen}, {args.memory_bandwidth / 1e9:.0f} GB/s memory)",
+         f"{prediction.tok_s_low:.1f}–{prediction.tok_s_high:.1f} tok/s"),
+        ("limited by", prediction.bound),
     ]
     for label, value in rows:
         print(f"{label:<40} {value:>12}")

@@ -179,3 +179,83 @@ def plan_placement(
 
 def dtype_bytes(dtype_name: str) -> int:
     return {"float32": DTYPE_BYTES["F32"], "bfloat16": DTYPE_BYTES["BF16"], "float16": DTYPE_BYTES["F16"]}[dtype_name]
+
+
+# The performance model. Desktop defaults from performance.md: pinned host->device copies over PCIe x16,
+# datasheet memory bandwidth per card.
+PCIE_BPS = {3: 12e9, 4: 25e9, 5: 55e9}
+CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H200": 4.8e12}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The rates a decode step divides by; the defaults are an RTX 4090 on PCIe Gen4 x16."""
+
+    link_bps: float = PCIE_BPS[4]  # host -> device copies of missed experts
+    memory_bps: float = CARD_MEMORY_BPS["RTX 4090"]  # device memory bandwidth
+    flops: float = 165e12  # dense bf16 tensor throughput
+    disk_bps: float = 3e9  # experts past the RAM budget, read from the checkpoint (NVMe)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One decode token's cost: device time (weights read, or compute) and expert copies. Copies can
+    overlap the device work, so no overlap gives the low speed and full overlap the high one."""
+
+    hit_rate: float
+    fetched_bytes_per_token: float  # missed experts copied to the device
+    disk_bytes_per_token: float  # of those, read from disk first
+    memory_s: float
+    compute_s: float
+    copy_s: float
+
+    @property
+    def device_s(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def tok_s_low(self) -> float:
+        return 1 / (self.device_s + self.copy_s)
+
+    @property
+    def tok_s_high(self) -> float:
+        return 1 / max(self.device_s, self.copy_s)
+
+    @property
+    def bound(self) -> str:
+        """What limits the speed: "PCIe" (or "disk"), "memory bandwidth" or "compute"."""
+        if self.copy_s > self.device_s:
+            return "disk" if self.disk_bytes_per_token * 2 > self.fetched_bytes_per_token else "PCIe"
+        return "memory bandwidth" if self.memory_s >= self.compute_s else "compute"
+
+    def as_dict(self) -> dict:
+        return {**self.__dict__, "tok_s_low": self.tok_s_low, "tok_s_high": self.tok_s_high, "bound": self.bound}
+
+
+def expert_hit_rate(slots: int, total_experts: int, uses_per_token: int) -> float:
+    """The expert cache's steady-state hit rate under LRU with uniform routing (the worst case: real
+    routing repeats experts more). The token being computed keeps about half of its own `uses_per_token`
+    fetches in the cache, so those slots serve no earlier token."""
+    if slots >= total_experts:
+        return 1.0
+    reserved = uses_per_token / 2
+    return min(max((slots - reserved) / (total_experts - reserved), 0.0), 1.0)
+
+
+def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, hardware: Hardware) -> Prediction:
+    """Batch-1 decode speed of the target: a roofline of device memory, compute and expert copies."""
+    uses_per_token = facts.expert_bytes_per_token // facts.expert_bytes
+    hit_rate = expert_hit_rate(placement.expert_slots, facts.total_experts, uses_per_token)
+    fetched = facts.expert_bytes_per_token * (1 - hit_rate)
+    from_disk = fetched * placement.disk_experts / facts.total_experts
+    embedding = facts.vocab_size * facts.hidden_size  # looked up one row at a time, not read
+    weights_read = facts.resident_bytes(dtype_bytes) - embedding * dtype_bytes + facts.expert_bytes_per_token
+    multiply_adds = facts.resident_weights - embedding + uses_per_token * facts.expert_weights
+    return Prediction(
+        hit_rate=hit_rate,
+        fetched_bytes_per_token=fetched,
+        disk_bytes_per_token=from_disk,
+        memory_s=weights_read / hardware.memory_bps,
+        compute_s=2 * multiply_adds / hardware.flops,
+        copy_s=fetched / hardware.link_bps + from_disk / hardware.disk_bps,
+    )

@@ -1,0 +1,90 @@
+"""The decode-speed model against an LRU simulation and the floors measured in performance.md."""
+
+import json
+import random
+from collections import OrderedDict
+
+import pytest
+
+from app.cli import main
+from app.model_folder import ModelFolder
+from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware, ModelFacts, expert_hit_rate, plan_placement, predict_decode
+from tests.fixtures.shape_only import write_shape_only_model
+
+H200 = Hardware(link_bps=PCIE_BPS[5], memory_bps=CARD_MEMORY_BPS["H200"], flops=790e12)
+
+
+def simulated_lru_hit_rate(experts: int, layers: int, top_k: int, slots: int, tokens: int = 600) -> float:
+    rng = random.Random(0)
+    cache: OrderedDict = OrderedDict()
+    hits = uses = 0
+    for token in range(tokens):
+        for layer in range(layers):
+            for expert in rng.sample(range(experts), top_k):
+                counted = token >= tokens // 5  # after the cache has filled
+                if (layer, expert) in cache:
+                    cache.move_to_end((layer, expert))
+                    hits += counted
+                else:
+                    cache[(layer, expert)] = None
+                    if len(cache) > slots:
+                        cache.popitem(last=False)
+                uses += counted
+    return hits / uses
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.125, 0.25, 0.5, 0.9])
+def test_the_hit_rate_model_follows_an_lru_cache_under_uniform_routing(fraction):
+    experts, layers, top_k = 32, 24, 4  # gpt-oss-20b
+    slots = int(fraction * experts * layers)
+    predicted = expert_hit_rate(slots, experts * layers, layers * top_k)
+    assert predicted == pytest.approx(simulated_lru_hit_rate(experts, layers, top_k, slots), abs=0.04)
+
+
+def test_every_expert_resident_always_hits():
+    assert expert_hit_rate(768, 768, 96) == 1.0
+    assert expert_hit_rate(10, 768, 96) == 0.0
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_20b(tmp_path_factory):
+    return ModelFacts.from_folder(ModelFolder.open(write_shape_only_model(tmp_path_factory.mktemp("20b"))))
+
+
+def placement_with_slots(facts, slots: int, ram_budget=None):
+    unlimited = plan_placement(facts, None, None, 4096, 2)
+    budget = unlimited.device_bytes - unlimited.slot_bytes + slots * facts.expert_bytes
+    return plan_placement(facts, budget, ram_budget, 4096, 2)
+
+
+def test_gpt_oss_20b_on_h200_meets_the_floors_of_performance_md(gpt_oss_20b):
+    resident = predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, gpt_oss_20b.total_experts), 2, H200)
+    assert resident.copy_s == 0 and resident.hit_rate == 1.0
+    assert 0.6e-3 < resident.device_s < 1.0e-3  # "fully resident ≈ 0.9 ms/token"
+    assert resident.bound == "memory bandwidth"
+    missing = predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, 4), 2, H200)
+    assert missing.copy_s == pytest.approx(23e-3, rel=0.03)  # "all missing ≈ 23 ms/token"
+    assert missing.tok_s_low < missing.tok_s_high < 44
+    assert missing.bound == "PCIe"
+
+
+def test_more_gpu_memory_is_faster_and_experts_on_disk_are_slower(gpt_oss_20b):
+    speeds = [predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, slots), 2, Hardware()).tok_s_low
+              for slots in (96, 192, 384, 576, 768)]
+    assert speeds == sorted(speeds) and len(set(speeds)) == len(speeds)
+    in_ram = predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, 384), 2, Hardware())
+    on_disk = predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, 384, ram_budget=0), 2, Hardware())
+    assert on_disk.disk_bytes_per_token == pytest.approx(in_ram.fetched_bytes_per_token)
+    assert on_disk.tok_s_low < in_ram.tok_s_low and on_disk.bound == "disk"
+
+
+def test_moechat_plan_prints_the_prediction(tmp_path, capsys):
+    folder = write_shape_only_model(tmp_path / "20b")
+    assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G", "--pcie-gen", "5",
+                 "--memory-bandwidth", "4800GB", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["hardware"]["link_bps"] == 55e9 and plan["hardware"]["memory_bps"] == 4.8e12
+    assert 0 < plan["prediction"]["hit_rate"] < 1
+    assert plan["prediction"]["tok_s_low"] <= plan["prediction"]["tok_s_high"]
+    assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G"]) == 0
+    assert "tok/s" in capsys.readouterr().out
