@@ -1,0 +1,106 @@
+"""Chat logic without widgets: what the engine is asked, and the answer while it streams in.
+
+An answer is a stored message from its first moment (`complete=False`); its text is written when
+the engine finishes, is stopped, or dies, so a partial answer is never lost.
+"""
+
+import time
+
+from app.chats import ChatStore, Message
+from app.engine.protocol import Done, Tokens
+
+DEFAULT_SETTINGS = {
+    "system_prompt": "",
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "max_tokens": 2048,
+    "reasoning_effort": "medium",
+}
+FINISHED_REASONS = ("stop", "length", "context")  # the engine ended the answer itself
+TITLE_CHARS = 40
+
+
+def chat_settings(store: ChatStore, chat_id: int) -> dict:
+    return {**DEFAULT_SETTINGS, **store.chat(chat_id).settings}
+
+
+def title_for(text: str) -> str:
+    words = " ".join(text.split())
+    return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def path_to(store: ChatStore, message_id: int | None) -> list[Message]:
+    """The messages from the root down to `message_id`."""
+    path = []
+    while message_id is not None:
+        message = store.message(message_id)
+        path.append(message)
+        message_id = message.parent_id
+    return path[::-1]
+
+
+def engine_messages(store: ChatStore, last_id: int, system_prompt: str) -> list[dict]:
+    """The conversation up to `last_id` as the engine's chat messages (reasoning is not sent back)."""
+    system = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
+    return system + [{"role": m.role, "content": m.content} for m in path_to(store, last_id)]
+
+
+class Answer:
+    """The assistant message being generated for `request_id`."""
+
+    def __init__(self, store: ChatStore, chat_id: int, parent_id: int, request_id: int, clock=time.perf_counter):
+        self.store, self.chat_id, self.request_id, self.clock = store, chat_id, request_id, clock
+        self.message_id = store.add_message(chat_id, parent_id, "assistant", "", complete=False)
+        self.text = ""
+        self.reasoning = ""
+        self.tokens = 0
+        self.accepted: list[int] = []
+        self.started = clock()
+        self.first_token_at: float | None = None
+
+    def add(self, events: list[Tokens]) -> None:
+        for event in events:
+            if event.token_ids and self.first_token_at is None:
+                self.first_token_at = self.clock()
+            self.tokens += len(event.token_ids)
+            for kind, text in event.pieces:
+                if kind == "reasoning":
+                    self.reasoning += text
+                else:
+                    self.text += text
+            spec = getattr(event, "spec", None)
+            if spec is not None:
+                self.accepted.append(spec.accepted)
+
+    def finish(self, done: Done) -> dict:
+        stats = self._stats(done.stop_reason, done.stats)
+        self._store(done.stop_reason in FINISHED_REASONS, stats)
+        return stats
+
+    def interrupt(self, reason: str) -> dict:
+        """The engine died or failed mid-answer: keep what came, marked incomplete."""
+        stats = self._stats(reason, {})
+        self._store(False, stats)
+        return stats
+
+    def _store(self, complete: bool, stats: dict) -> None:
+        self.store.update_message(self.message_id, self.text, reasoning=self.reasoning, complete=complete, stats=stats)
+
+    def _stats(self, stop_reason: str, engine_stats: dict) -> dict:
+        """The engine's figures when it sent them, else the ones measured here."""
+        now = self.clock()
+        stats = {"stop_reason": stop_reason, "tokens": self.tokens}
+        if "decode_tok_s" in engine_stats:
+            stats["tok_s"] = engine_stats["decode_tok_s"]
+            stats["ttft_s"] = engine_stats["ttft_s"]
+        elif self.first_token_at is not None:
+            stats["ttft_s"] = self.first_token_at - self.started
+            if self.tokens > 1 and now > self.first_token_at:
+                stats["tok_s"] = (self.tokens - 1) / (now - self.first_token_at)
+        spec = engine_stats.get("spec")
+        if spec:
+            stats["mean_accepted"] = spec["mean_accepted"]
+        elif self.accepted:
+            stats["mean_accepted"] = sum(self.accepted) / len(self.accepted)
+        return stats

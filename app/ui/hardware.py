@@ -1,0 +1,76 @@
+"""What this machine has, found without torch: RAM from the kernel, GPU memory from `nvidia-smi`."""
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware
+
+GIB = 1 << 30
+# A desktop CPU as the compute device: dual-channel DDR5, copies inside RAM, a few AVX cores.
+CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=60e9, flops=1e12)
+_SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,pcie.link.gen.max", "--format=csv,noheader,nounits"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    ram_bytes: int
+    gpu_name: str | None = None
+    gpu_bytes: int | None = None
+    pcie_gen: int | None = None
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpu_bytes else "cpu"
+
+    @property
+    def dtype(self) -> str:
+        return "bfloat16" if self.gpu_bytes else "float32"
+
+    @property
+    def device_bytes(self) -> int:
+        """Memory of the compute device: the GPU's, or RAM when there is none."""
+        return self.gpu_bytes or self.ram_bytes
+
+    @property
+    def hardware(self) -> Hardware:
+        """The performance model's rates: the card's datasheet bandwidth where its name is known."""
+        if not self.gpu_bytes:
+            return CPU_HARDWARE
+        memory = next((bps for card, bps in CARD_MEMORY_BPS.items() if card in (self.gpu_name or "")), None)
+        return Hardware(link_bps=PCIE_BPS.get(self.pcie_gen, PCIE_BPS[4]),
+                        memory_bps=memory or Hardware.memory_bps)
+
+    def describe(self) -> str:
+        ram = f"{self.ram_bytes / GIB:.0f} GiB RAM"
+        if not self.gpu_bytes:
+            return f"no NVIDIA GPU found: the model runs on the CPU · {ram}"
+        gen = f", PCIe Gen{self.pcie_gen}" if self.pcie_gen else ""
+        return f"{self.gpu_name} ({self.gpu_bytes / GIB:.0f} GiB{gen}) · {ram}"
+
+
+def detect_machine(run=subprocess.run) -> Machine:
+    return Machine(total_ram(), *_first_gpu(run))
+
+
+def total_ram() -> int:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _first_gpu(run) -> tuple[str | None, int | None, int | None]:
+    try:
+        result = run(_SMI_QUERY, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None, None, None
+    lines = result.stdout.strip().splitlines() if result.returncode == 0 else []
+    if not lines:
+        return None, None, None
+    name, memory_mib, gen = (part.strip() for part in lines[0].split(","))
+    return name, int(float(memory_mib)) << 20, int(gen) if gen.isdigit() else None

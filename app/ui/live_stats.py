@@ -1,0 +1,57 @@
+"""Ring buffers of the engine's running figures, for the live charts (no Qt here)."""
+
+from collections import deque
+
+from app.engine.protocol import StepStats, Tokens
+
+HISTORY = 600  # points per series: a minute at ~10 Hz
+
+
+class LiveStats:
+    """Series of (seconds since the first point, value). Step statistics give speed, cache and
+    prefetch figures; speculative steps (Tokens.spec) give accepted drafts and block sizes."""
+
+    SERIES = ("tok_s", "hit_rate", "prefetch_coverage", "prefetch_waste", "bytes_per_token",
+              "accepted", "block_size")
+
+    def __init__(self, clock):
+        self.clock = clock
+        self.start: float | None = None
+        self.series = {name: (deque(maxlen=HISTORY), deque(maxlen=HISTORY)) for name in self.SERIES}
+        self.changed = False
+
+    def add_step_stats(self, stats: StepStats) -> None:
+        if stats.seconds <= 0:
+            return
+        self._add("tok_s", stats.tokens / stats.seconds)
+        uses = stats.hits + stats.misses
+        if uses:
+            self._add("hit_rate", stats.hits / uses)
+        if stats.prefetch_coverage or stats.prefetch_waste:
+            self._add("prefetch_coverage", stats.prefetch_coverage)
+            self._add("prefetch_waste", stats.prefetch_waste)
+        if stats.tokens:
+            self._add("bytes_per_token", stats.bytes_fetched / stats.tokens)
+
+    def add_tokens(self, events: list[Tokens]) -> None:
+        for event in events:
+            spec = getattr(event, "spec", None)
+            if spec is not None:
+                self._add("accepted", spec.accepted)
+                self._add("block_size", spec.block_size)
+
+    def has(self, name: str) -> bool:
+        return bool(self.series[name][0])
+
+    def points(self, name: str) -> tuple[list[float], list[float]]:
+        times, values = self.series[name]
+        return list(times), list(values)
+
+    def _add(self, name: str, value: float) -> None:
+        now = self.clock()
+        if self.start is None:
+            self.start = now
+        times, values = self.series[name]
+        times.append(now - self.start)
+        values.append(value)
+        self.changed = True

@@ -1,0 +1,129 @@
+"""The UI's parts without an engine: conversation bookkeeping, Markdown, live series, hardware."""
+
+import os
+import subprocess
+
+import pytest
+
+from app.chats import ChatStore
+from app.engine.protocol import Done, StepStats, Tokens
+from app.ui.conversation import Answer, engine_messages, title_for
+from app.ui.hardware import CPU_HARDWARE, GIB, Machine, detect_machine, total_ram
+from app.ui.live_stats import LiveStats
+from app.ui.message_html import markdown_html, stats_line
+
+
+@pytest.fixture
+def store(tmp_path):
+    store = ChatStore(tmp_path / "chats.sqlite")
+    yield store
+    store.close()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_an_answer_is_stored_from_the_start_and_keeps_its_text_when_interrupted(store):
+    chat = store.create_chat("t")
+    question = store.add_message(chat, None, "user", "hi")
+    clock = Clock()
+    answer = Answer(store, chat, question, request_id=3, clock=clock)
+    assert store.message(answer.message_id).complete is False
+    clock.now += 0.5
+    answer.add([Tokens([1], [("reasoning", "let me think")], 3), Tokens([2, 3], [("answer", "Hel")], 3)])
+    clock.now += 1.0
+    answer.add([Tokens([4], [("answer", "lo")], 3)])
+    stats = answer.interrupt("the engine was killed (out of memory?)")
+    stored = store.message(answer.message_id)
+    assert (stored.content, stored.reasoning, stored.complete) == ("Hello", "let me think", False)
+    assert stats == stored.stats
+    assert stats["tokens"] == 4 and stats["ttft_s"] == pytest.approx(0.5) and stats["tok_s"] == pytest.approx(3.0)
+    assert stats["stop_reason"] == "the engine was killed (out of memory?)"
+
+
+def test_a_finished_answer_takes_the_engines_figures(store):
+    chat = store.create_chat("t")
+    answer = Answer(store, chat, store.add_message(chat, None, "user", "hi"), request_id=1)
+    answer.add([Tokens([1], [("answer", "ok")], 1)])
+    answer.finish(Done("stop", {"decode_tok_s": 42.0, "ttft_s": 0.1, "spec": {"mean_accepted": 2.5}}, 1))
+    stored = store.message(answer.message_id)
+    assert stored.complete and stored.stats == {"stop_reason": "stop", "tokens": 1, "tok_s": 42.0, "ttft_s": 0.1,
+                                                "mean_accepted": 2.5}
+    stopped = Answer(store, chat, stored.parent_id, request_id=2)
+    stopped.finish(Done("cancelled", {}, 2))
+    assert not store.message(stopped.message_id).complete
+
+
+def test_the_engine_gets_the_branch_up_to_the_question_with_the_system_prompt(store):
+    chat = store.create_chat("t")
+    first = store.add_message(chat, None, "user", "one")
+    reply = store.add_message(chat, first, "assistant", "two", reasoning="hidden")
+    store.add_message(chat, first, "assistant", "another two")  # a sibling, not on the path
+    question = store.add_message(chat, reply, "user", "three")
+    assert engine_messages(store, question, "be brief") == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "two"}, {"role": "user", "content": "three"},
+    ]
+    assert engine_messages(store, first, "  ")[0] == {"role": "user", "content": "one"}
+
+
+def test_titles_are_the_first_words():
+    assert title_for("  Why is\nthe sky blue? ") == "Why is the sky blue?"
+    assert len(title_for("word " * 30)) == 40 and title_for("word " * 30).endswith("…")
+
+
+def test_markdown_renders_code_blocks_with_copy_links_and_escapes_html():
+    html, blocks = markdown_html("Try **this**:\n\n```python\nprint('<hi>')\n```\n\n<script>x</script>\x0b")
+    assert "<strong>this</strong>" in html and 'href="copy:0"' in html and ">python<" in html
+    assert "&lt;script&gt;" in html and "<script>" not in html and "\x0b" not in html
+    assert blocks == ["print('<hi>')\n"]
+
+
+def test_the_stats_line_reads_like_a_sentence():
+    line = stats_line({"tok_s": 31.25, "ttft_s": 0.2, "tokens": 12, "mean_accepted": 2.0, "stop_reason": "length"})
+    assert line == "31.2 tok/s · first token 0.20 s · 12 tokens · 2.00 accepted per step · max tokens reached"
+
+
+def test_live_stats_keep_a_series_only_for_figures_that_exist():
+    clock = Clock()
+    stats = LiveStats(clock)
+    stats.add_step_stats(StepStats(1, tokens=5, seconds=0.5, hits=3, misses=1, bytes_fetched=1000,
+                                   prefetch_coverage=0.0, prefetch_waste=0.0))
+    clock.now += 0.1
+    stats.add_step_stats(StepStats(1, tokens=2, seconds=0.1, hits=0, misses=0, bytes_fetched=0,
+                                   prefetch_coverage=0.5, prefetch_waste=0.25))
+    assert stats.points("tok_s") == ([0.0, pytest.approx(0.1)], [10.0, 20.0])
+    assert stats.points("hit_rate") == ([0.0], [0.75])
+    assert stats.points("bytes_per_token")[1] == [200.0, 0.0]
+    assert stats.points("prefetch_coverage")[1] == [0.5] and stats.points("prefetch_waste")[1] == [0.25]
+    assert not stats.has("accepted")
+
+
+def test_ram_is_read_from_the_kernel():
+    assert total_ram() == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=0.01)
+
+
+def test_a_gpu_is_found_through_nvidia_smi():
+    def smi(args, **_):
+        assert args[0] == "nvidia-smi"
+        return subprocess.CompletedProcess(args, 0, "NVIDIA H200, 143771, 5\nNVIDIA H200, 143771, 5\n", "")
+
+    machine = detect_machine(run=smi)
+    assert (machine.gpu_name, machine.gpu_bytes, machine.pcie_gen) == ("NVIDIA H200", 143771 << 20, 5)
+    assert machine.device == "cuda" and machine.dtype == "bfloat16" and machine.device_bytes == 143771 << 20
+    assert machine.hardware.link_bps == 55e9 and machine.hardware.memory_bps == 4.8e12
+
+
+def test_without_nvidia_smi_the_cpu_is_the_device():
+    def missing(args, **_):
+        raise FileNotFoundError(args[0])
+
+    machine = detect_machine(run=missing)
+    assert machine.gpu_bytes is None and machine.device == "cpu" and machine.device_bytes == machine.ram_bytes
+    assert machine.hardware == CPU_HARDWARE
+    assert "no NVIDIA GPU" in Machine(16 * GIB).describe()
