@@ -100,7 +100,7 @@ class Download:
         return sum(f.size for f in self.files)
 
     def missing_bytes(self) -> int:
-        return sum(f.size - self._have(f) for f in self.files)
+        return sum(f.size - self.bytes_present(f) for f in self.files)
 
     def check_disk_space(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -140,7 +140,7 @@ class Download:
         target = self.folder / remote.path
         return target.is_file() and target.stat().st_size == remote.size
 
-    def _have(self, remote: RemoteFile) -> int:
+    def bytes_present(self, remote: RemoteFile) -> int:
         if self._complete(remote):
             return remote.size
         partial = self._partial(remote)

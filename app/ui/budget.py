@@ -1,0 +1,187 @@
+"""The budget panel: GPU and RAM sliders bounded by this machine and the model, the placement they
+give and the predicted decode speed, recomputed while a slider moves (no engine involved)."""
+
+from collections.abc import Callable
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPushButton, QSlider, QVBoxLayout, QWidget
+
+from app.engine.protocol import LoadModel
+from app.errors import UserError
+from app.model_folder import ModelFolder
+from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placement, predict_decode
+from app.sizes import format_size
+from app.ui.hardware import Machine
+from app.ui.placement_bar import PlacementBar
+
+STEPS = 1000
+CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_CONTEXT = 4096
+DEFAULT_RAM_SHARE = 0.75  # of the machine's RAM, when the experts do not fit in less
+
+
+def _speed(tok_s: float) -> str:
+    return f"{tok_s:.0f}" if tok_s >= 100 else f"{tok_s:.1f}"
+
+
+class BudgetPanel(QWidget):
+    """Signals: load_requested(request: LoadModel), the plan on screen as the engine's load request."""
+
+    load_requested = Signal(object)
+
+    def __init__(self, machine: Callable[[], Machine], parent: QWidget | None = None):
+        super().__init__(parent)
+        self._machine_source = machine
+        self.machine: Machine | None = None
+        self.path: str | None = None
+        self.facts: ModelFacts | None = None
+        self.placement: Placement | None = None
+        self.prediction: Prediction | None = None
+        self.gpu_max = self.ram_max = 0
+
+        self.title = QLabel("Pick a model in the library to plan its memory.")
+        self.title.setWordWrap(True)
+        self.machine_label = QLabel()
+        self.machine_label.setStyleSheet("color: #6b7280")
+        self.gpu_slider = self._slider()
+        self.ram_slider = self._slider()
+        self.gpu_label, self.ram_label = QLabel(), QLabel()
+        self.context = QComboBox()
+        self.context.currentIndexChanged.connect(self._bound_sliders)
+        self.bar = PlacementBar()
+        self.speed = QLabel()
+        self.speed.setStyleSheet("font-size: 18px; font-weight: 600")
+        self.details = QLabel()
+        self.details.setWordWrap(True)
+        self.refusal = QLabel()
+        self.refusal.setWordWrap(True)
+        self.refusal.setStyleSheet("color: #c92a2a")
+        self.load_button = QPushButton("Load with this plan")
+        self.load_button.clicked.connect(self._request_load)
+
+        form = QFormLayout()
+        form.addRow(self.gpu_label, self.gpu_slider)
+        form.addRow(self.ram_label, self.ram_slider)
+        form.addRow("Context", self.context)
+        layout = QVBoxLayout(self)
+        for widget in (self.title, self.machine_label):
+            layout.addWidget(widget)
+        layout.addLayout(form)
+        for widget in (self.bar, self.speed, self.details, self.refusal, self.load_button):
+            layout.addWidget(widget)
+        layout.addStretch()
+        self._set_enabled(False)
+
+    def _slider(self) -> QSlider:
+        slider = QSlider(Qt.Orientation.Horizontal)
+        slider.setRange(0, STEPS)
+        slider.setPageStep(STEPS // 20)
+        slider.valueChanged.connect(self._replan)
+        return slider
+
+    @property
+    def gpu_budget(self) -> int:
+        return self.gpu_max * self.gpu_slider.value() // STEPS
+
+    @property
+    def ram_budget(self) -> int:
+        return self.ram_max * self.ram_slider.value() // STEPS
+
+    def show_model(self, path: str | None) -> None:
+        """Plan for the model folder at `path` (None: no model)."""
+        self.path, self.facts = path, None
+        if path is not None:
+            try:
+                folder = ModelFolder.open(path)
+                self.facts = ModelFacts.from_folder(folder)
+            except UserError as error:
+                self.title.setText(f"Cannot plan {path}: {error}")
+        if self.facts is None:
+            self._set_enabled(False)
+            self._replan()
+            return
+        if self.machine is None:
+            self.machine = self._machine_source()
+            self.machine_label.setText(self.machine.describe())
+        self.title.setText(f"<b>{folder.path.name}</b> · {self.facts.model_type} · "
+                           f"{self.facts.total_experts} routed experts of {format_size(self.facts.expert_bytes)}")
+        self._fill_contexts(folder.config.get("max_position_embeddings", CONTEXTS[-1]))
+        all_experts = self.facts.total_experts * self.facts.expert_bytes
+        self.ram_max = min(self.machine.ram_bytes, all_experts)
+        ram_default = min(all_experts, int(DEFAULT_RAM_SHARE * self.machine.ram_bytes))
+        self._set_enabled(True)
+        self._bound_sliders()
+        self.gpu_slider.setValue(STEPS)
+        self.ram_slider.setValue(STEPS * ram_default // max(self.ram_max, 1))
+        self._replan()
+
+    def _bound_sliders(self) -> None:
+        """The GPU slider ends where the machine ends or where everything fits (for this context)."""
+        if self.facts is not None:
+            everything = plan_placement(self.facts, None, None, self.context.currentData(), self._dtype_bytes)
+            self.gpu_max = min(self.machine.device_bytes, everything.device_bytes)
+        self._replan()
+
+    def _fill_contexts(self, longest: int) -> None:
+        self.context.blockSignals(True)
+        self.context.clear()
+        for tokens in (c for c in CONTEXTS if c <= longest):
+            self.context.addItem(f"{tokens} tokens", tokens)
+        self.context.setCurrentIndex(max(self.context.findData(DEFAULT_CONTEXT), 0))
+        self.context.blockSignals(False)
+
+    @property
+    def device_name(self) -> str:
+        return "GPU" if self.machine.gpu_bytes else "CPU"
+
+    @property
+    def _dtype_bytes(self) -> int:
+        return dtype_bytes(self.machine.dtype)
+
+    def _set_enabled(self, enabled: bool) -> None:
+        for widget in (self.gpu_slider, self.ram_slider, self.context, self.load_button):
+            widget.setEnabled(enabled)
+
+    def _replan(self) -> None:
+        self.placement = self.prediction = None
+        self.refusal.clear()
+        if self.facts is None or self.machine is None:
+            self.gpu_label.setText("GPU budget")
+            self.ram_label.setText("RAM budget")
+            self.bar.show_placement(None, "", 0, 0)
+            self.speed.clear()
+            self.details.clear()
+            return
+        device = self.device_name
+        self.gpu_label.setText(f"{device} budget {format_size(self.gpu_budget)}")
+        self.ram_label.setText(f"RAM budget {format_size(self.ram_budget)}")
+        try:
+            self.placement = plan_placement(self.facts, self.gpu_budget, self.ram_budget,
+                                            self.context.currentData(), self._dtype_bytes)
+        except UserError as error:
+            self.refusal.setText(f"This plan cannot run: {error}")
+        if self.placement is not None:
+            self.prediction = predict_decode(self.facts, self.placement, self._dtype_bytes, self.machine.hardware)
+        self.bar.show_placement(self.placement, device, self.gpu_budget, self.gpu_max)
+        self._show_prediction()
+        self.load_button.setEnabled(self.placement is not None)
+
+    def _show_prediction(self) -> None:
+        if self.prediction is None:
+            self.speed.setText("—")
+            self.details.clear()
+            return
+        p, placement = self.prediction, self.placement
+        self.speed.setText(f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s")
+        self.details.setText(
+            f"{placement.expert_slots} of {self.facts.total_experts} experts on the {self.device_name}"
+            f" · cache hit rate {p.hit_rate:.0%} (uniform routing, the worst case)"
+            f" · {format_size(p.fetched_bytes_per_token)} fetched per token · limited by {p.bound}"
+            f" · {placement.disk_experts} experts read from disk"
+        )
+
+    def _request_load(self) -> None:
+        self.load_requested.emit(LoadModel(
+            self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budget,
+            ram_budget=self.ram_budget, context=self.context.currentData(),
+        ))

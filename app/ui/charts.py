@@ -1,0 +1,79 @@
+"""Live charts of the engine's figures (pyqtgraph), redrawn at ~10 Hz from ring buffers. A chart
+appears once its series has data; pyqtgraph is imported then, not at start-up."""
+
+import time
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+
+from app.engine.protocol import StepStats
+from app.ui.live_stats import LiveStats
+
+REFRESH_MS = 100
+# title, y-axis unit, (series, colour, legend name)
+CHARTS = (
+    ("Decode speed", "tok/s", (("tok_s", "#4c6ef5", None),)),
+    ("Expert-cache hit rate", "", (("hit_rate", "#2f9e44", None),)),
+    ("Prefetch", "", (("prefetch_coverage", "#2f9e44", "coverage"), ("prefetch_waste", "#e03131", "waste"))),
+    ("Fetched per token", "B", (("bytes_per_token", "#f59f00", None),)),
+    ("Speculation per step", "tokens", (("accepted", "#7048e8", "accepted drafts"),
+                                        ("block_size", "#868e96", "block size"))),
+)
+FRACTIONS = ("hit_rate", "prefetch_coverage")
+
+
+class LiveCharts(QWidget):
+    def __init__(self, clock=time.monotonic, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.stats = LiveStats(clock)
+        self.plots: dict[str, object] = {}  # chart title -> PlotWidget
+        self.curves: dict[str, object] = {}  # series name -> PlotDataItem
+        self.placeholder = QLabel("Charts appear here while the engine answers: speed, expert cache, "
+                                  "prefetch, and speculation when it is on.")
+        self.placeholder.setWordWrap(True)
+        self.column = QVBoxLayout(self)
+        self.column.addWidget(self.placeholder)
+        self.column.addStretch()
+        self.timer = QTimer(self)
+        self.timer.setInterval(REFRESH_MS)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+
+    def add_step_stats(self, stats: StepStats) -> None:
+        self.stats.add_step_stats(stats)
+
+    def add_tokens(self, events: list) -> None:
+        self.stats.add_tokens(events)
+
+    def refresh(self) -> None:
+        if not self.stats.changed:
+            return
+        self.stats.changed = False
+        for title, unit, series in CHARTS:
+            if not self.stats.has(series[0][0]):
+                continue
+            if title not in self.plots:
+                self._add_plot(title, unit, series)
+            for name, _, _ in series:
+                self.curves[name].setData(*self.stats.points(name))
+
+    def _add_plot(self, title: str, unit: str, series) -> None:
+        import pyqtgraph
+
+        self.placeholder.hide()
+        plot = pyqtgraph.PlotWidget(background="w")
+        plot.setTitle(title, color="#212529")
+        plot.setMinimumHeight(150)
+        if unit:
+            plot.setLabel("left", units=unit)
+        plot.setLabel("bottom", "seconds")
+        plot.showGrid(x=True, y=True, alpha=0.2)
+        if len(series) > 1:
+            plot.addLegend(offset=(-10, 10))
+        if series[0][0] in FRACTIONS:
+            plot.setYRange(0, 1.05)
+        for name, colour, legend in series:
+            self.curves[name] = plot.plot(pen=pyqtgraph.mkPen(colour, width=2), name=legend)
+        self.plots[title] = plot
+        order = [t for t, _, _ in CHARTS if t in self.plots]  # the placeholder stays at 0, hidden
+        self.column.insertWidget(1 + order.index(title), plot)

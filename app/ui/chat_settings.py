@@ -1,0 +1,82 @@
+"""A chat's own system prompt and sampling settings."""
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.ui.conversation import DEFAULT_SETTINGS
+
+
+class ChatSettingsPanel(QWidget):
+    """Signals: changed(settings: dict) whenever the user edits a field."""
+
+    changed = Signal(dict)
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setPlaceholderText("You are a helpful assistant.")
+        self.system_prompt.setMaximumHeight(110)
+        self.temperature = self._number(QDoubleSpinBox(), 0.0, 2.0, 0.05)
+        self.top_p = self._number(QDoubleSpinBox(), 0.0, 1.0, 0.05)
+        self.top_k = self._number(QSpinBox(), 0, 1000, 1)
+        self.top_k.setSpecialValueText("off")
+        self.max_tokens = self._number(QSpinBox(), 1, 131072, 64)
+        self.reasoning_effort = QComboBox()
+        self.reasoning_effort.addItems(["low", "medium", "high"])
+        layout = QFormLayout()
+        layout.addRow(QLabel("<b>This chat</b>"))
+        layout.addRow("System prompt", self.system_prompt)
+        layout.addRow("Temperature", self.temperature)
+        layout.addRow("Top-p", self.top_p)
+        layout.addRow("Top-k", self.top_k)
+        layout.addRow("Max tokens", self.max_tokens)
+        layout.addRow("Reasoning effort", self.reasoning_effort)
+        column = QVBoxLayout(self)
+        column.addLayout(layout)
+        column.addStretch()
+        self.show_settings(DEFAULT_SETTINGS)
+        self.system_prompt.textChanged.connect(self._emit)
+        self.reasoning_effort.currentTextChanged.connect(self._emit)
+        for box in (self.temperature, self.top_p, self.top_k, self.max_tokens):
+            box.valueChanged.connect(self._emit)
+
+    def _number(self, box, low, high, step):
+        box.setRange(low, high)
+        box.setSingleStep(step)
+        return box
+
+    def settings(self) -> dict:
+        return {
+            "system_prompt": self.system_prompt.toPlainText(),
+            "temperature": self.temperature.value(),
+            "top_p": self.top_p.value(),
+            "top_k": self.top_k.value(),
+            "max_tokens": self.max_tokens.value(),
+            "reasoning_effort": self.reasoning_effort.currentText(),
+        }
+
+    def show_settings(self, settings: dict) -> None:
+        """Show `settings` without reporting them as a change."""
+        fields = (self.system_prompt, self.temperature, self.top_p, self.top_k, self.max_tokens, self.reasoning_effort)
+        for field in fields:
+            field.blockSignals(True)
+        self.system_prompt.setPlainText(settings["system_prompt"])
+        self.temperature.setValue(settings["temperature"])
+        self.top_p.setValue(settings["top_p"])
+        self.top_k.setValue(settings["top_k"])
+        self.max_tokens.setValue(settings["max_tokens"])
+        self.reasoning_effort.setCurrentText(settings["reasoning_effort"])
+        for field in fields:
+            field.blockSignals(False)
+
+    def _emit(self) -> None:
+        self.changed.emit(self.settings())

@@ -1,0 +1,130 @@
+"""The model library: local model folders (added by path or downloaded), one of them selected."""
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.errors import UserError
+from app.hub import KNOWN_DRAFTERS
+from app.model_folder import ModelFolder
+from app.sizes import format_size
+from app.ui.app_settings import AppSettings
+
+MANIFEST = ".moechat.json"  # written by app.hub.write_manifest
+
+
+def repo_of(folder: str) -> str | None:
+    """The hub repository a downloaded folder came from."""
+    manifest = Path(folder) / MANIFEST
+    return json.loads(manifest.read_text()).get("repo_id") if manifest.is_file() else None
+
+
+def describe(folder: ModelFolder) -> str:
+    size = sum(path.stat().st_size for path in folder.path.glob("*.safetensors"))
+    return f"{folder.model_type} · {format_size(size)}"
+
+
+class LibraryPanel(QWidget):
+    """Signals: model_selected(path: str | None); download_requested(repo_id: str) for a drafter."""
+
+    model_selected = Signal(object)
+    download_requested = Signal(str)
+
+    def __init__(self, settings: AppSettings, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.settings = settings
+        self.list = QListWidget()
+        self.list.currentItemChanged.connect(self._on_current)
+        self.problem = QLabel()
+        self.problem.setWordWrap(True)
+        self.problem.setStyleSheet("color: #c92a2a")
+        add = QPushButton("Add folder…")
+        add.clicked.connect(self._choose_folder)
+        self.remove_button = QPushButton("Remove")
+        self.remove_button.clicked.connect(self._remove_current)
+        self.drafter_button = QPushButton()
+        self.drafter_button.hide()
+        self.drafter_button.clicked.connect(lambda: self.download_requested.emit(self.drafter_button.property("repo")))
+        buttons = QHBoxLayout()
+        buttons.addWidget(add)
+        buttons.addWidget(self.remove_button)
+        buttons.addStretch()
+        layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("<b>Models on this machine</b>"))
+        layout.addWidget(self.list)
+        layout.addWidget(self.problem)
+        layout.addWidget(self.drafter_button)
+        layout.addLayout(buttons)
+        for path in settings.library:
+            self._add_item(path)
+
+    def selected_path(self) -> str | None:
+        item = self.list.currentItem()
+        return item.data(Qt.ItemDataRole.UserRole) if item else None
+
+    def add_folder(self, path: str) -> bool:
+        """Add a model folder (checked first) and select it; False with the reason shown if it is not one."""
+        path = str(Path(path).resolve())
+        try:
+            ModelFolder.open(path)
+        except UserError as error:
+            self.problem.setText(str(error))
+            return False
+        self.problem.clear()
+        if path not in self.settings.library:
+            self.settings.add_model(path)
+            self._add_item(path)
+        self.select(path)
+        return True
+
+    def select(self, path: str) -> None:
+        for row in range(self.list.count()):
+            if self.list.item(row).data(Qt.ItemDataRole.UserRole) == path:
+                self.list.setCurrentRow(row)
+
+    def _add_item(self, path: str) -> None:
+        try:
+            detail = describe(ModelFolder.open(path))
+        except UserError as error:
+            detail = f"cannot be used: {error}"
+        name = repo_of(path) or Path(path).name
+        item = QListWidgetItem(f"{name}\n{detail}")
+        item.setData(Qt.ItemDataRole.UserRole, path)
+        item.setToolTip(path)
+        self.list.addItem(item)
+
+    def _choose_folder(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Add a model folder (config.json + *.safetensors)")
+        if path:
+            self.add_folder(path)
+
+    def _remove_current(self) -> None:
+        path = self.selected_path()
+        if path is not None:
+            self.settings.remove_model(path)
+            self.list.takeItem(self.list.currentRow())
+
+    def _on_current(self, item: QListWidgetItem | None) -> None:
+        path = item.data(Qt.ItemDataRole.UserRole) if item else None
+        self._offer_drafter(path)
+        self.model_selected.emit(path)
+
+    def _offer_drafter(self, path: str | None) -> None:
+        """A known target's DFlash drafter, unless the library has it already."""
+        drafter = KNOWN_DRAFTERS.get(repo_of(path)) if path else None
+        have = {repo_of(folder) for folder in self.settings.library}
+        self.drafter_button.setVisible(drafter is not None and drafter not in have)
+        if drafter:
+            self.drafter_button.setText(f"Get its speculative drafter: {drafter}")
+            self.drafter_button.setProperty("repo", drafter)

@@ -1,0 +1,205 @@
+"""The main window: chats on the left; a Chat tab (conversation, chat settings, live charts) and a
+Models tab (library, downloads, budgets); the engine's state in the status bar."""
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QHBoxLayout,
+    QLabel,
+    QMainWindow,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import paths
+from app.chats import ChatStore
+from app.engine.protocol import Error, LoadModel, spawn_engine
+from app.sizes import format_size
+from app.ui.app_settings import AppSettings
+from app.ui.budget import BudgetPanel
+from app.ui.charts import LiveCharts
+from app.ui.chat_panel import ChatPanel
+from app.ui.chat_settings import ChatSettingsPanel
+from app.ui.chats_list import ChatsList
+from app.ui.downloads import DownloadPanel
+from app.ui.engine_client import EngineClient
+from app.ui.hardware import Machine, detect_machine
+from app.ui.library import LibraryPanel
+
+
+class EngineBanner(QWidget):
+    """Shown when the engine died or failed to load: the reason, and a button for a new engine."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("banner")
+        self.setStyleSheet("#banner { background: #fff5f5; border: 1px solid #ffc9c9; border-radius: 6px; }")
+        self.reason = QLabel()
+        self.reason.setWordWrap(True)
+        self.restart_button = QPushButton("Start a new engine")
+        layout = QHBoxLayout(self)
+        layout.addWidget(self.reason, 1)
+        layout.addWidget(self.restart_button)
+        self.hide()
+
+    def show_reason(self, text: str, can_restart: bool) -> None:
+        self.reason.setText(text)
+        self.restart_button.setVisible(can_restart)
+        self.show()
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, data_dir: Path | None = None, machine: Machine | None = None, spawn=spawn_engine):
+        super().__init__()
+        self.setWindowTitle("MoE Chat")
+        data_dir = data_dir or paths.data_dir()
+        self._machine = machine
+        self.store = ChatStore(data_dir / "chats.sqlite")
+        self.settings = AppSettings(data_dir / "settings.json")
+        self.client = EngineClient(spawn, self)
+
+        self.chats = ChatsList(self.store)
+        self.chat_settings = ChatSettingsPanel()
+        self.chat = ChatPanel(self.store, self.client, self.chat_settings)
+        self.charts = LiveCharts()
+        self.library = LibraryPanel(self.settings)
+        self.downloads = DownloadPanel(self.settings, data_dir / "models")
+        self.budget = BudgetPanel(self.machine)
+        self.banner = EngineBanner()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self._chat_tab(), "Chat")
+        self.tabs.addTab(self._models_tab(), "Models")
+        main = QSplitter()
+        main.addWidget(self.chats)
+        right = QWidget()
+        column = QVBoxLayout(right)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(self.banner)
+        column.addWidget(self.tabs)
+        main.addWidget(right)
+        main.setSizes([220, 1060])
+        self.setCentralWidget(main)
+        self._status_bar()
+        self._connect()
+        recent = self.store.chats()
+        self.chat.open_chat(recent[0].id if recent else None)
+        self.chats.refresh(self.chat.chat_id)
+        self.resize(1280, 800)
+
+    def machine(self) -> Machine:
+        """This machine, detected on first use (nvidia-smi takes a moment)."""
+        if self._machine is None:
+            self._machine = detect_machine()
+        return self._machine
+
+    def _chat_tab(self) -> QWidget:
+        side = QTabWidget()
+        side.addTab(self.chat_settings, "Settings")
+        side.addTab(self.charts, "Live")
+        self.side_tabs = side
+        splitter = QSplitter()
+        splitter.addWidget(self.chat)
+        splitter.addWidget(side)
+        splitter.setSizes([760, 320])
+        return splitter
+
+    def _models_tab(self) -> QWidget:
+        left = QSplitter(Qt.Orientation.Vertical)
+        left.addWidget(self.library)
+        left.addWidget(self.downloads)
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(self.budget)
+        splitter.setSizes([480, 580])
+        return splitter
+
+    def _status_bar(self) -> None:
+        self.engine_status = QLabel("No model loaded")
+        self.load_bar = QProgressBar()
+        self.load_bar.setRange(0, 100)
+        self.load_bar.setMaximumWidth(200)
+        self.load_bar.hide()
+        self.cancel_load_button = QPushButton("Cancel loading")
+        self.cancel_load_button.hide()
+        self.cancel_load_button.clicked.connect(self.client.cancel)
+        bar = self.statusBar()
+        bar.addWidget(self.engine_status, 1)
+        bar.addPermanentWidget(self.load_bar)
+        bar.addPermanentWidget(self.cancel_load_button)
+
+    def _connect(self) -> None:
+        self.chats.chat_selected.connect(self.chat.open_chat)
+        self.chat.chats_changed.connect(lambda: self.chats.refresh(self.chat.chat_id))
+        self.library.model_selected.connect(self.budget.show_model)
+        self.library.download_requested.connect(self.downloads.look_up)
+        self.downloads.model_downloaded.connect(self.library.add_folder)
+        self.budget.load_requested.connect(self.load)
+        self.banner.restart_button.clicked.connect(self.restart_engine)
+        client = self.client
+        client.load_progress.connect(self._on_load_progress)
+        client.loaded.connect(self._on_loaded)
+        client.error.connect(self._on_error)
+        client.died.connect(self._on_died)
+        client.step_stats.connect(self.charts.add_step_stats)
+        client.tokens.connect(self.charts.add_tokens)
+
+    def load(self, request: LoadModel) -> None:
+        self.banner.hide()
+        self.engine_status.setText(f"Starting the engine for {Path(request.path).name}…")
+        self._show_loading(True)
+        self.client.load(request)
+
+    def restart_engine(self) -> None:
+        self.banner.hide()
+        self._show_loading(self.client.last_load is not None)
+        self.engine_status.setText("Starting a new engine…")
+        self.client.restart()
+
+    def _show_loading(self, loading: bool) -> None:
+        self.load_bar.setVisible(loading)
+        self.cancel_load_button.setVisible(loading)
+        self.budget.load_button.setEnabled(not loading and self.budget.placement is not None)
+        if loading:
+            self.load_bar.setValue(0)
+
+    def _on_load_progress(self, stage: str, fraction: float) -> None:
+        self.engine_status.setText(f"Loading {Path(self.client.last_load.path).name}: {stage}")
+        self.load_bar.setValue(round(100 * fraction))
+
+    def _on_loaded(self, info: dict) -> None:
+        self._show_loading(False)
+        device = self.client.last_load.device.upper()
+        self.engine_status.setText(
+            f"{Path(info['path']).name} ({info['model_type']}) · {info['expert_slots']} of "
+            f"{info['total_experts']} experts on the {device} · {format_size(info['device_bytes'])} on the "
+            f"{device} · context {info['context']} tokens"
+        )
+        self.tabs.setCurrentIndex(0)
+
+    def _on_error(self, error: Error) -> None:
+        if error.request_id is not None:
+            return  # a generation's error: the chat shows it with the answer
+        self._show_loading(False)
+        if error.kind == "cancelled":
+            self.engine_status.setText("Loading cancelled")
+        else:
+            self.engine_status.setText("No model loaded")
+            self.banner.show_reason(f"The model did not load: {error.message}", can_restart=False)
+
+    def _on_died(self, reason: str) -> None:
+        self._show_loading(False)
+        self.engine_status.setText("The engine stopped")
+        kept = " Your chat and the partial answer are kept." if self.chat.chat_id else ""
+        reload = " and load the model again" if self.client.last_load else ""
+        self.banner.show_reason(f"<b>{reason[0].upper()}{reason[1:]}.</b>{kept} "
+                                f"Start a new engine{reload} to go on.", can_restart=True)
+
+    def closeEvent(self, event) -> None:
+        self.client.shutdown()
+        self.store.close()
+        super().closeEvent(event)

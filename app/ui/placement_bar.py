@@ -1,0 +1,89 @@
+"""Two stacked bars: what the plan puts on the compute device and what it puts in RAM / on disk."""
+
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import QWidget
+
+from app.plan import Placement
+from app.sizes import format_size
+
+COLORS = {
+    "resident weights": "#4c6ef5",
+    "KV cache": "#15aabf",
+    "workspace": "#868e96",
+    "expert slots": "#f59f00",
+    "unused budget": "#d0ebff",
+    "free": "#e9ecef",
+    "pinned RAM experts": "#82c91e",
+    "on disk": "#c92a2a",
+}
+ROW_HEIGHT = 26
+LABEL_WIDTH = 70
+
+
+def device_segments(placement: Placement, budget: int) -> list[tuple[str, int]]:
+    return [("resident weights", placement.resident_bytes), ("KV cache", placement.kv_cache_bytes),
+            ("workspace", placement.workspace_bytes), ("expert slots", placement.slot_bytes),
+            ("unused budget", max(budget - placement.device_bytes, 0))]
+
+
+def host_segments(placement: Placement) -> list[tuple[str, int]]:
+    return [("pinned RAM experts", placement.host_bytes), ("on disk", placement.disk_bytes)]
+
+
+class PlacementBar(QWidget):
+    """The device row is drawn to the scale of the budget slider's end; the RAM row to all experts."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.rows: list[tuple[str, list[tuple[str, int]], int]] = []
+        self.setMinimumHeight(2 * ROW_HEIGHT + 70)
+
+    def sizeHint(self) -> QSize:
+        return QSize(480, 2 * ROW_HEIGHT + 70)
+
+    def show_placement(self, placement: Placement | None, device_label: str, budget: int, scale: int) -> None:
+        if placement is None:
+            self.rows = []
+        else:
+            device = device_segments(placement, budget)
+            host = host_segments(placement)
+            self.rows = [(device_label, device, max(scale, sum(size for _, size in device))),
+                         ("RAM / disk", host, sum(size for _, size in host))]
+        self.setToolTip("\n".join(f"{name}: {format_size(size)}" for _, segments, _ in self.rows
+                                  for name, size in segments))
+        self.update()
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        width = self.width() - LABEL_WIDTH - 4
+        y = 2
+        used_names: list[str] = []
+        for label, segments, capacity in self.rows:
+            painter.setPen(self.palette().text().color())
+            painter.drawText(QRectF(0, y, LABEL_WIDTH, ROW_HEIGHT), Qt.AlignmentFlag.AlignVCenter, label)
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(QColor(COLORS["free"]))
+            painter.drawRoundedRect(QRectF(LABEL_WIDTH, y, width, ROW_HEIGHT), 4, 4)
+            x = float(LABEL_WIDTH)
+            for name, size in segments:
+                span = width * size / capacity if capacity else 0
+                if span > 0:
+                    painter.setBrush(QColor(COLORS[name]))
+                    painter.drawRect(QRectF(x, y, span, ROW_HEIGHT))
+                    used_names.append(name)
+                x += span
+            y += ROW_HEIGHT + 8
+        x = float(LABEL_WIDTH)
+        for name in dict.fromkeys(used_names):
+            text_width = painter.fontMetrics().horizontalAdvance(name) + 22
+            if x + text_width > self.width():
+                x, y = float(LABEL_WIDTH), y + 20
+            painter.setBrush(QColor(COLORS[name]))
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.drawRect(QRectF(x, y + 4, 10, 10))
+            painter.setPen(self.palette().text().color())
+            painter.drawText(QRectF(x + 14, y, text_width, 18), Qt.AlignmentFlag.AlignVCenter, name)
+            x += text_width
+        painter.end()
