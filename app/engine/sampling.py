@@ -50,7 +50,14 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor) -> int:
         """logits [V] -> one token id."""
+        return self.sample_each(logits[None])[0]
+
+    def sample_each(self, logits: torch.Tensor) -> list[int]:
+        """logits [T, V] -> one token id per row, drawn independently (one host synchronisation)."""
         if self.params.greedy:
-            return int(logits.argmax())
-        probs = self.probabilities(logits)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+            return logits.argmax(-1).tolist()
+        return self.draw(self.probabilities(logits))
+
+    def draw(self, probs: torch.Tensor) -> list[int]:
+        """probs [T, V] -> one token id per row, from this sampler's generator."""
+        return torch.multinomial(probs, 1, generator=self.generator).flatten().tolist()

@@ -144,22 +144,46 @@ class GptOss:
         shape = (c.num_key_value_heads, c.head_dim)
         return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
 
-    def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False, capture: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
-        [1, vocab] for the last position only (a prefill chunk needs no more)."""
+        [1, vocab] for the last position only (a prefill chunk needs no more).
+
+        With `capture` (layer indices), returns (logits, features): transformers' `hidden_states[l + 1]`
+        of those layers (the layer's output; for the last layer, after the final norm) concatenated in the
+        order given, [T, len(capture) * H], for every position. That is the context a DFlash drafter reads.
+        """
         cache.check_room(len(token_ids))
         positions = cache.positions(len(token_ids))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         x = self.embed[token_ids]
+        outputs = {}
         for index, layer in enumerate(self.layers):
             x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
                                     positions, cos, sin, cache)
             x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+            if index in capture:
+                outputs[index] = x
         cache.advance(len(token_ids))
-        if last_only:
-            x = x[-1:]
         x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
-        return (x @ self.lm_head.T).float()
+        if self.config.num_hidden_layers - 1 in capture:
+            outputs[self.config.num_hidden_layers - 1] = x
+        logits = ((x[-1:] if last_only else x) @ self.lm_head.T).float()
+        if not capture:
+            return logits
+        return logits, torch.cat([outputs[index] for index in capture], dim=-1)
+
+    def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
+        embedding reached it: the layer's router on its normed embedding. A guess available before a
+        forward pass starts, so the copies of a verify block's first layers can start early."""
+        embedded = self.embed[token_ids]
+        return {
+            index: self._route(self.layers[index],
+                               rms_norm(embedded, self.layers[index]["post_norm"], self.config.rms_norm_eps)).indices
+            for index in layers
+        }
 
     def _attention(self, index, layer, x, positions, cos, sin, cache: KVCache) -> torch.Tensor:
         c = self.config
@@ -174,12 +198,13 @@ class GptOss:
         return out.flatten(-2) @ layer["o"].T + layer["o_bias"]
 
     def _moe(self, index, layer, x) -> torch.Tensor:
-        logits = x @ layer["router"].T + layer["router_bias"]  # [T, E]
-        top_logits, top_experts = torch.topk(logits, self.config.num_experts_per_tok, dim=-1)
+        top_logits, top_experts = self._route(layer, x)
         top_weights = torch.softmax(top_logits, dim=-1)
         predictions = {
-            later: torch.topk(x @ self.layers[later]["router"].T + self.layers[later]["router_bias"],
-                              self.config.num_experts_per_tok, dim=-1).indices
-            for later in self.experts.lookahead_layers(index, len(x))
+            later: self._route(self.layers[later], x).indices for later in self.experts.lookahead_layers(index, len(x))
         }
         return self.experts.run(index, x, top_experts, top_weights, self.run_experts, predictions)
+
+    def _route(self, layer, x):
+        """The router's top-k (values, indices) [T, k] for normed hidden states x [T, H]."""
+        return torch.topk(x @ layer["router"].T + layer["router_bias"], self.config.num_experts_per_tok, dim=-1)

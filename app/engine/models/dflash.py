@@ -1,0 +1,189 @@
+"""DFlash drafter (z-lab layout): a few Qwen3-style layers that draft a whole block in one pass.
+
+It has no embedding and no LM head: it reads the target's `embed` and `lm_head`. Its context is the
+outputs of the target layers `target_layer_ids`, concatenated per position (the feature), projected once:
+
+    c = hidden_norm(fc(feature))                                    [N, H]
+
+In every layer the queries come from the block only, keys and values from context and block with the
+same weights, `cat[k_proj(c), k_proj(input_norm(h_block))]`; q/k RMSNorm per head; RoPE on the queries
+(block positions) and on all keys (context and block positions); no causal mask inside the block.
+Context keys/values are computed once per committed position into the drafter's own KV cache; the
+block's are written past the committed rows and never kept.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.engine.checkpoint import Checkpoint
+from app.engine.kv_cache import KVCache
+from app.engine.layers import attend, rms_norm, silu_glu
+from app.engine.rope import Rotary, rotate_halves
+from app.errors import UserError
+from app.model_folder import ModelFolder
+from app.plan import dtype_bytes
+
+
+@dataclass(frozen=True)
+class DFlashConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    block_size: int
+    mask_token_id: int
+    target_layer_ids: tuple[int, ...]
+
+    @classmethod
+    def from_dict(cls, config: dict) -> "DFlashConfig":
+        dflash = config["dflash_config"]
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        return cls(
+            hidden_size=config["hidden_size"],
+            intermediate_size=config["intermediate_size"],
+            num_hidden_layers=config["num_hidden_layers"],
+            num_attention_heads=config["num_attention_heads"],
+            num_key_value_heads=config["num_key_value_heads"],
+            head_dim=config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"],
+            vocab_size=config["vocab_size"],
+            rms_norm_eps=config.get("rms_norm_eps", 1e-6),
+            rope_theta=config.get("rope_theta", rope.get("rope_theta", 10000.0)),
+            rope_scaling=rope or None,
+            block_size=dflash.get("block_size") or config["block_size"],
+            mask_token_id=dflash["mask_token_id"],
+            target_layer_ids=tuple(dflash["target_layer_ids"]),
+        )
+
+    def device_bytes(self, folder: ModelFolder, context: int, dtype: str) -> int:
+        """Weights in the compute dtype plus the context KV cache for `context` positions."""
+        per_value = dtype_bytes(dtype)
+        weights = sum(info.numel for info in folder.tensors.values()) * per_value
+        cache = self.num_hidden_layers * context * 2 * self.num_key_value_heads * self.head_dim * per_value
+        return weights + cache
+
+
+def open_dflash(path: str | Path) -> tuple[ModelFolder, DFlashConfig]:
+    """The drafter's folder and config; a folder that is not a DFlash drafter is refused."""
+    folder = ModelFolder.open(path, any_model_type=True)
+    config = folder.config
+    if "dflash_config" not in config:
+        kind = ", ".join(config.get("architectures") or [str(config.get("model_type"))])
+        raise UserError(f"'{folder.path}' is not a DFlash drafter: its config.json ({kind}) has no dflash_config")
+    if config.get("attention_bias") or config.get("use_sliding_window"):
+        raise UserError(f"the drafter in '{folder.path}' uses attention biases or sliding windows, "
+                        "which this app's DFlash drafter does not support")
+    try:
+        drafter = DFlashConfig.from_dict(config)
+    except KeyError as missing:
+        raise UserError(f"the drafter's config.json in '{folder.path}' lacks the key {missing}") from None
+    if drafter.block_size < 2:
+        raise UserError(f"the drafter's block size {drafter.block_size} leaves no room for drafts")
+    return folder, drafter
+
+
+def check_pairing(drafter: DFlashConfig, target_config) -> None:
+    """One clear UserError for the first way the drafter does not fit the target."""
+    target = target_config
+    if drafter.hidden_size != target.hidden_size:
+        raise UserError(f"the drafter's hidden size {drafter.hidden_size} is not the target's {target.hidden_size}: "
+                        "it was trained for another model")
+    if drafter.vocab_size != target.vocab_size:
+        raise UserError(f"the drafter's vocabulary ({drafter.vocab_size} tokens) is not the target's "
+                        f"({target.vocab_size}): it was trained for another model")
+    if not 0 <= drafter.mask_token_id < target.vocab_size:
+        raise UserError(f"the drafter's mask token id {drafter.mask_token_id} is outside the target's vocabulary "
+                        f"(0 … {target.vocab_size - 1})")
+    outside = [i for i in drafter.target_layer_ids if not 0 <= i < target.num_hidden_layers]
+    if outside or not drafter.target_layer_ids:
+        raise UserError(f"the drafter reads target layers {list(drafter.target_layer_ids)} but the target has "
+                        f"layers 0 … {target.num_hidden_layers - 1}")
+
+
+class DFlashDrafter:
+    """The drafter's weights on the target's device; `new_context_cache`, `add_context`, `draft`."""
+
+    def __init__(self, config: DFlashConfig, checkpoint: Checkpoint, target):
+        c = self.config = config
+        self.target = target
+        self.device, self.dtype = target.device, target.dtype
+        hidden, heads, kv_heads, head_dim = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        prefix = "model." if checkpoint.has("model.norm.weight") else ""
+
+        def load(name: str, shape: tuple[int, ...], keep_float32: bool = False) -> torch.Tensor:
+            dtype = torch.float32 if keep_float32 else self.dtype
+            return checkpoint.tensor(prefix + name, shape).to(self.device, dtype)
+
+        width = len(c.target_layer_ids) * hidden
+        fc_shape = checkpoint.info(prefix + "fc.weight").shape
+        if fc_shape != (hidden, width):
+            raise UserError(f"the drafter's fc.weight is {list(fc_shape)} but {len(c.target_layer_ids)} target layers "
+                            f"of hidden size {hidden} need [{hidden}, {width}]: the weights do not match config.json")
+        self.fc = load("fc.weight", (hidden, width))
+        self.hidden_norm = load("hidden_norm.weight", (hidden,), keep_float32=True)
+        self.norm = load("norm.weight", (hidden,), keep_float32=True)
+        self.layers = []
+        for i in range(c.num_hidden_layers):
+            p = f"layers.{i}."
+            self.layers.append({
+                "input_norm": load(p + "input_layernorm.weight", (hidden,), keep_float32=True),
+                "post_norm": load(p + "post_attention_layernorm.weight", (hidden,), keep_float32=True),
+                "q": load(p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+                "k": load(p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+                "v": load(p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+                "o": load(p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
+                "q_norm": load(p + "self_attn.q_norm.weight", (head_dim,), keep_float32=True),
+                "k_norm": load(p + "self_attn.k_norm.weight", (head_dim,), keep_float32=True),
+                "gate": load(p + "mlp.gate_proj.weight", (c.intermediate_size, hidden)),
+                "up": load(p + "mlp.up_proj.weight", (c.intermediate_size, hidden)),
+                "down": load(p + "mlp.down_proj.weight", (hidden, c.intermediate_size)),
+            })
+        self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, self.device)
+
+    def new_context_cache(self, capacity: int) -> KVCache:
+        c = self.config
+        shape = (c.num_key_value_heads, c.head_dim)
+        return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
+
+    def add_context(self, features: torch.Tensor, cache: KVCache) -> None:
+        """Commit the context of the next positions: features [N, K·H] of the target layers' outputs."""
+        context = rms_norm(features.to(self.dtype) @ self.fc.T, self.hidden_norm, self.config.rms_norm_eps)
+        cos, sin = self.rotary.cos_sin(cache.positions(len(context)), self.dtype)
+        for index, layer in enumerate(self.layers):
+            k, v = self._keys_values(layer, context, cos, sin)
+            cache.update(index, "k", k)
+            cache.update(index, "v", v)
+        cache.advance(len(context))
+
+    def draft(self, block_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """block_ids [B] (the anchor, then mask tokens) at the positions after the committed context ->
+        logits [B - 1, V] (float32) for the block's positions 1 … B - 1. The cache is left as it was."""
+        c = self.config
+        eps = c.rms_norm_eps
+        cos, sin = self.rotary.cos_sin(cache.positions(len(block_ids)), self.dtype)
+        h = self.target.embed[block_ids]
+        for index, layer in enumerate(self.layers):
+            x = rms_norm(h, layer["input_norm"], eps)
+            q = (x @ layer["q"].T).unflatten(-1, (c.num_attention_heads, c.head_dim))
+            q = rotate_halves(rms_norm(q, layer["q_norm"], eps), cos, sin)
+            k, v = self._keys_values(layer, x, cos, sin)
+            keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
+            everything = torch.ones(len(block_ids), len(keys), dtype=torch.bool, device=self.device)
+            h = h + attend(q, keys, values, everything, c.head_dim**-0.5).flatten(-2) @ layer["o"].T
+            h = h + silu_glu(rms_norm(h, layer["post_norm"], eps), layer["gate"], layer["up"], layer["down"])
+        h = rms_norm(h[1:], self.norm, eps)
+        return (h @ self.target.lm_head.T).float()
+
+    def _keys_values(self, layer, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> rotated, normed keys and values [T, kv_heads, head_dim]."""
+        c = self.config
+        k = (x @ layer["k"].T).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        v = (x @ layer["v"].T).unflatten(-1, (c.num_key_value_heads, c.head_dim))
+        return rotate_halves(rms_norm(k, layer["k_norm"], c.rms_norm_eps), cos, sin), v

@@ -1,0 +1,45 @@
+import json
+
+import pytest
+
+from app.engine.loader import load_model
+from app.engine.spec.dflash import DFlashSpeculation
+from app.model_folder import ModelFolder
+from tests.fixtures.tiny_dflash import write_tiny_dflash
+
+
+@pytest.fixture(scope="session")
+def tiny_dflash(tiny_gpt_oss, tmp_path_factory):
+    """A tiny DFlash drafter for the tiny GPT-OSS target (block size 6, target layers 0 and 2)."""
+    target_config = json.loads((tiny_gpt_oss / "config.json").read_text())
+    return write_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash"), target_config)
+
+
+@pytest.fixture(scope="session")
+def resident_target(tiny_gpt_oss):
+    """The tiny target with every expert resident, float32 (shared: tests must not change it)."""
+    return load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=128).model
+
+
+@pytest.fixture(scope="session")
+def offloaded_target(tiny_gpt_oss, resident_target):
+    """The tiny target with 3 expert slots of 32 and look-ahead prefetch, float32."""
+    return load_offloaded(tiny_gpt_oss, slots=3, prefetch_layers=2).model
+
+
+@pytest.fixture(scope="session")
+def speculation(tiny_dflash, offloaded_target):
+    """The tiny drafter loaded next to the offloaded target (block size chosen per step)."""
+    loaded = DFlashSpeculation(tiny_dflash, None)
+    loaded.load(offloaded_target)
+    return loaded
+
+
+def load_offloaded(folder, slots: int, prefetch_layers: int):
+    probe = load_model(ModelFolder.open(folder), dtype="float32", context=128)
+    placement = probe.placement
+    budget = placement.resident_bytes + placement.kv_cache_bytes + placement.workspace_bytes
+    loaded = load_model(ModelFolder.open(folder), dtype="float32", context=128,
+                        gpu_budget=budget + slots * placement.expert_bytes, prefetch_layers=prefetch_layers)
+    assert loaded.placement.expert_slots == slots
+    return loaded
