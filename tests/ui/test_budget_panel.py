@@ -1,0 +1,94 @@
+"""The budget panel on gpt-oss-20b's real tensor table: sliders bounded by the machine and the
+model, the plan and the predicted speed following the sliders, impossible plans refused."""
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.engine.protocol import LoadModel
+from app.model_folder import ModelFolder
+from app.plan import ModelFacts, plan_placement
+from app.ui.budget import STEPS, BudgetPanel
+from app.ui.hardware import GIB, Machine
+from tests.fixtures.shape_only import write_shape_only_model
+
+RTX_4090 = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4)
+SMALL_GPU = Machine(ram_bytes=8 * GIB, gpu_name="NVIDIA GeForce RTX 4060", gpu_bytes=8 * GIB, pcie_gen=4)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_20b(tmp_path_factory):
+    return str(write_shape_only_model(tmp_path_factory.mktemp("gpt-oss-20b")))
+
+
+@pytest.fixture
+def panel(qtbot):
+    def make(machine: Machine, path: str) -> BudgetPanel:
+        panel = BudgetPanel(lambda: machine)
+        qtbot.addWidget(panel)
+        panel.show()
+        panel.show_model(path)
+        return panel
+
+    return make
+
+
+def test_the_sliders_end_at_the_machine_or_where_everything_fits(panel, gpt_oss_20b):
+    facts = ModelFacts.from_folder(ModelFolder.open(gpt_oss_20b))
+    everything = plan_placement(facts, None, None, 4096, 2)
+    roomy = panel(RTX_4090, gpt_oss_20b)
+    assert roomy.gpu_max == everything.device_bytes < 24 * GIB
+    assert roomy.ram_max == facts.total_experts * facts.expert_bytes
+    assert roomy.placement.expert_slots == facts.total_experts and roomy.placement.disk_experts == 0
+    assert roomy.prediction.hit_rate == 1.0 and "RTX 4090" in roomy.machine_label.text()
+    small = panel(SMALL_GPU, gpt_oss_20b)
+    assert small.gpu_max == 8 * GIB and small.ram_max == 8 * GIB
+    assert small.placement.disk_experts > 0  # 75 % of 8 GiB RAM cannot hold 9.5 GiB of experts
+
+
+def test_moving_the_gpu_slider_changes_the_plan_and_the_speed_as_it_moves(panel, gpt_oss_20b, qtbot):
+    budget = panel(RTX_4090, gpt_oss_20b)
+    seen = []
+    for _ in range(6):
+        qtbot.keyClick(budget.gpu_slider, Qt.Key.Key_PageDown)
+        seen.append((budget.placement.expert_slots, budget.prediction.tok_s_low, budget.bar.rows[0][1][3][1]))
+    slots, speeds, slot_bytes = zip(*seen, strict=True)
+    assert list(slots) == sorted(slots, reverse=True) and len(set(slots)) == 6
+    assert list(speeds) == sorted(speeds, reverse=True)
+    assert [s * budget.facts.expert_bytes for s in slots] == list(slot_bytes)  # the bar draws this plan
+    assert budget.speed.text().startswith("Predicted decode:") and "PCIe" in budget.details.text()
+
+
+def test_an_impossible_plan_is_refused_with_the_reason(panel, gpt_oss_20b):
+    budget = panel(RTX_4090, gpt_oss_20b)
+    budget.gpu_slider.setValue(STEPS // 10)  # 1.3 GiB: less than the resident weights
+    assert budget.placement is None and not budget.load_button.isEnabled()
+    assert "This plan cannot run: GPU budget" in budget.refusal.text() and "too small" in budget.refusal.text()
+    assert budget.bar.rows == [] and budget.speed.text() == "—"
+    budget.gpu_slider.setValue(STEPS)
+    assert budget.placement is not None and budget.load_button.isEnabled() and budget.refusal.text() == ""
+
+
+def test_experts_past_the_ram_budget_are_read_from_disk(panel, gpt_oss_20b):
+    budget = panel(RTX_4090, gpt_oss_20b)
+    budget.gpu_slider.setValue(STEPS // 2)
+    in_ram = budget.prediction
+    budget.ram_slider.setValue(0)
+    assert budget.placement.host_experts == 0 and budget.placement.disk_experts == budget.facts.total_experts
+    assert budget.prediction.bound == "disk" and budget.prediction.tok_s_low < in_ram.tok_s_low
+
+
+def test_the_load_request_is_exactly_the_plan_on_screen(panel, gpt_oss_20b, qtbot):
+    budget = panel(RTX_4090, gpt_oss_20b)
+    budget.gpu_slider.setValue(700)
+    budget.ram_slider.setValue(900)
+    budget.context.setCurrentIndex(budget.context.findData(8192))
+    with qtbot.waitSignal(budget.load_requested) as requested:
+        qtbot.mouseClick(budget.load_button, Qt.MouseButton.LeftButton)
+    assert requested.args[0] == LoadModel(gpt_oss_20b, device="cuda", dtype="bfloat16",
+                                          gpu_budget=budget.gpu_budget, ram_budget=budget.ram_budget, context=8192)
+    assert budget.placement.context == 8192
+
+
+def test_a_folder_that_is_not_a_model_is_explained(panel, tmp_path):
+    budget = panel(RTX_4090, str(tmp_path))
+    assert "config.json is missing" in budget.title.text() and not budget.load_button.isEnabled()
