@@ -65,9 +65,10 @@ def test_mtp_drafts_match_the_formula_step_by_step(variant, tiny_glm, glm_oracle
     model = load_model(ModelFolder.open(tiny_glm(variant)), dtype="float32", context=64).model
     ids = torch.randint(6, 384, (LENGTH + 1,), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        hidden = model.hidden_states(ids[:-1], model.new_kv_cache(64))
+        last_layer = (model.config.num_hidden_layers - 1,)
+        target_logits, hidden = model.forward(ids[:-1], model.new_kv_cache(64), capture=last_layer)
         target = AutoModelForCausalLM.from_pretrained(str(glm_oracle_folder(variant)), dtype=torch.float32)
-        expected_hidden = target.model(ids[None, :-1]).last_hidden_state[0]
+        expected = target(ids[None, :-1], output_hidden_states=True)
         drafter = model.load_mtp()
         cache = drafter.new_kv_cache(32)
         split = LENGTH - 3
@@ -76,7 +77,8 @@ def test_mtp_drafts_match_the_formula_step_by_step(variant, tiny_glm, glm_oracle
     logits, mtp_hidden = torch.cat([s[0] for s in steps]), torch.cat([s[1] for s in steps])
     expected_logits, expected_mtp_hidden = formula(glm_oracle_folder(variant), hidden, ids[1:])
     tolerance = TOLERANCE[VARIANTS[variant][2]]
-    assert (hidden - expected_hidden).abs().max() <= tolerance  # hidden_states is what the target's LM head reads
+    assert (hidden - expected.hidden_states[-1][0]).abs().max() <= tolerance  # what the target's LM head reads
+    assert (target_logits - expected.logits[0]).abs().max() <= tolerance
     assert (logits - expected_logits).abs().max() <= tolerance
     assert (mtp_hidden - expected_mtp_hidden).abs().max() <= tolerance
     assert expected_logits.std() > 0.5
@@ -86,7 +88,7 @@ def test_mtp_cache_rewinds_like_the_target_cache(tiny_glm):
     model = load_model(ModelFolder.open(tiny_glm("glm_moe_dsa")), dtype="float32", context=64).model
     ids = torch.randint(6, 384, (LENGTH + 1,), generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
-        hidden = model.hidden_states(ids[:-1], model.new_kv_cache(64))
+        _, hidden = model.forward(ids[:-1], model.new_kv_cache(64), capture=(model.config.num_hidden_layers - 1,))
         drafter = model.load_mtp()
         cache = drafter.new_kv_cache(32)
         logits, _ = drafter.draft(hidden, ids[1:], cache)

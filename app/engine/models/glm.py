@@ -3,10 +3,10 @@
 experts from the expert cache, plus a shared expert. Attention is the architecture's own: GQA in
 glm4_moe.py, multi-head latent attention in mla.py (GLM-4.7-Flash), with DSA in glm_moe_dsa.py (GLM-5).
 
-Public API of every GLM model (besides `forward`, `new_kv_cache`, `config`, `experts`, `device`):
-- `hidden_states(token_ids, cache)` -> [T, H]: final hidden states after the last norm, what the LM head
-  and the MTP layer read; `logits(hidden)` -> [T, V] float32; `forward` is the two in a row.
-- `load_mtp()` -> `GlmMtp`, the checkpoint's multi-token-prediction layer as a drafter (glm_mtp.py).
+Besides the engine's model API (`forward`, `new_kv_cache`, `embedding_routes`, `config`, `experts`,
+`device`), a GLM model has `load_mtp()` -> `GlmMtp`, its checkpoint's multi-token-prediction layer as a
+drafter (glm_mtp.py). The MTP layer reads the target's final hidden states (after the last norm):
+`forward(token_ids, cache, capture=(num_hidden_layers - 1,))` returns them beside the logits.
 """
 
 from dataclasses import MISSING, dataclass, fields
@@ -159,10 +159,14 @@ class RoutedMoe:
                                             float32=True)
         self.shared = DenseMlp(model, prefix + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts)
 
+    def choose(self, x: torch.Tensor) -> torch.Tensor:
+        """The experts [T, k] this layer's router picks for x [T, H]."""
+        return route(x, self.router, self.correction_bias, self.config)[0]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = route(x, self.router, self.correction_bias, self.config)
         predictions = {
-            later: route(x, self.later_layers[later].router, self.later_layers[later].correction_bias, self.config)[0]
+            later: self.later_layers[later].choose(x)
             for later in self.experts.lookahead_layers(self.index, len(x))
             if later in self.later_layers
         }
@@ -194,6 +198,9 @@ class GlmModel:
     and `kv_cache(capacity, layers)` (a cache for the given checkpoint layers, in that order)."""
 
     rotary_dim: int
+    # glu_experts_torch finds its slots on the host, which a CUDA graph cannot capture: decode steps stay
+    # eager until a device-side expert op takes its place
+    graph_safe = False
 
     def __init__(self, config: GlmConfig, checkpoint: Checkpoint, experts: ExpertCache, dtype: torch.dtype):
         c = self.config = config
@@ -233,23 +240,40 @@ class GlmModel:
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         return Step(positions, cos, sin, causal_mask(positions, cache.num_rows(num_tokens), None))
 
-    def hidden_states(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """token_ids [T] following the cache's committed tokens -> final hidden states [T, H] (after the norm)."""
+    def forward(
+        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False, capture: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
+        [1, vocab] for the last position only (a prefill chunk needs no more).
+
+        With `capture` (layer indices), returns (logits, features): transformers' `hidden_states[l + 1]`
+        of those layers (the layer's output; for the last layer, after the final norm) concatenated in the
+        order given, [T, len(capture) * H], for every position.
+        """
         step = self.step(cache, len(token_ids))
         x = self.embed[token_ids]
-        for layer in self.layers:
+        outputs = {}
+        for index, layer in enumerate(self.layers):
             x = layer(x, step, cache)
+            if index in capture:
+                outputs[index] = x
         cache.advance(len(token_ids))
-        return rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        if self.config.num_hidden_layers - 1 in capture:
+            outputs[self.config.num_hidden_layers - 1] = x
+        logits = ((x[-1:] if last_only else x) @ self.lm_head.T).float()
+        if not capture:
+            return logits
+        return logits, torch.cat([outputs[index] for index in capture], dim=-1)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (hidden @ self.lm_head.T).float()
-
-    def forward(self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False) -> torch.Tensor:
-        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
-        [1, vocab] for the last position only (a prefill chunk needs no more)."""
-        hidden = self.hidden_states(token_ids, cache)
-        return self.logits(hidden[-1:] if last_only else hidden)
+    def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
+        """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
+        embedding reached it: the layer's router on its normed embedding. A guess available before a
+        forward pass starts, so the copies of a verify block's first layers can start early."""
+        embedded = self.embed[token_ids]
+        eps = self.config.rms_norm_eps
+        return {index: self.moe_layers[index].choose(rms_norm(embedded, self.layers[index].post_norm, eps))
+                for index in layers}
 
     def load_mtp(self) -> GlmMtp:
         """The checkpoint's MTP layer (index `num_hidden_layers`) as a drafter; its routed experts share the cache."""

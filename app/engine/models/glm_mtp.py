@@ -17,7 +17,8 @@ from app.engine.layers import rms_norm
 
 class GlmMtp:
     """`draft(hidden, next_tokens, cache)`: hidden [T, H] are final hidden states at positions p … p+T-1 (the
-    target's, from `hidden_states`, or this drafter's own from its previous step) and next_tokens [T] the
+    target's, `forward(..., capture=(num_hidden_layers - 1,))`, or this drafter's own from its previous
+    step) and next_tokens [T] the
     tokens at p+1 … p+T. It returns logits [T, V] (float32) for the tokens at p+2 … p+T+1 and its hidden
     states [T, H] (before shared_head.norm), which stand in for the target's in the next draft step.
 

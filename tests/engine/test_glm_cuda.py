@@ -1,0 +1,66 @@
+"""The GLM models on a GPU (resident experts, offloaded experts with prefetch, FP8 dequantized on the
+device) against the CPU engine. Skipped without a CUDA device; run on the GPU machine with
+`python -m pytest tests/engine/test_glm_cuda.py`."""
+
+import pytest
+import torch
+
+from app.engine.generate import generate
+from app.engine.loader import load_model
+from app.engine.protocol import Done, Tokens
+from app.engine.sampling import Sampler, SamplingParams
+from app.model_folder import ModelFolder
+from tests.fixtures.tiny_glm import VARIANTS
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPT = list(range(40, 60))
+
+
+def greedy(loaded, count: int) -> tuple[list[int], dict]:
+    model = loaded.model
+    events = list(generate(model, model.new_kv_cache(len(PROMPT) + count), PROMPT,
+                           Sampler(SamplingParams(), model.device), count, stop_ids=[]))
+    tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
+    return tokens, events[-1].stats if isinstance(events[-1], Done) else {}
+
+
+def load(folder, device: str, dtype: str = "float32", **options):
+    return load_model(ModelFolder.open(folder), device=device, dtype=dtype, context=64, **options)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_gpu_greedy_tokens_match_the_cpu_engine(variant, tiny_glm):
+    cpu_tokens, _ = greedy(load(tiny_glm(variant), "cpu"), 24)
+    gpu = load(tiny_glm(variant), "cuda")
+    assert gpu.model.experts.complete
+    gpu_tokens, stats = greedy(gpu, 24)
+    assert gpu_tokens == cpu_tokens
+    assert stats["expert_cache"]["misses"] == 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_offloaded_gpu_experts_match_the_resident_ones(variant, tiny_glm):
+    resident = load(tiny_glm(variant), "cuda")
+    resident_tokens, _ = greedy(resident, 24)
+    placement = resident.placement
+    budget = placement.resident_bytes + placement.kv_cache_bytes + placement.workspace_bytes
+    offloaded = load(tiny_glm(variant), "cuda", gpu_budget=budget + 5 * placement.expert_bytes, prefetch_layers=2)
+    assert not offloaded.model.experts.complete
+    tokens, stats = greedy(offloaded, 24)
+    assert tokens == resident_tokens
+    assert stats["expert_cache"]["misses"] > 0
+    assert stats["expert_cache"]["prefetches"] > 0
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bfloat16_logits_stay_close_to_float32(variant, tiny_glm):
+    """DSA's top-k is discrete: bf16 rounding may keep other tokens once a query has more than index_topk,
+    so for GLM-5 only the positions where the indexer keeps everything are compared."""
+    ids = torch.tensor(PROMPT, device="cuda")
+    with torch.inference_mode():
+        exact, half = load(tiny_glm(variant), "cuda").model, load(tiny_glm(variant), "cuda", "bfloat16").model
+        expected = exact.forward(ids, exact.new_kv_cache(64))
+        got = half.forward(ids, half.new_kv_cache(64))
+    positions = getattr(exact.config, "index_topk", len(PROMPT))
+    assert (got - expected)[:positions].abs().max() <= 0.1 * expected.abs().max()
