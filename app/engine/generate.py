@@ -32,7 +32,7 @@ def prefill(model, cache: KVCache, prompt_ids: list[int]) -> torch.Tensor:
 def decode_step(model, cache: KVCache) -> Callable[[int], torch.Tensor]:
     """token -> its logits [V]. A captured CUDA graph when routing needs no host work (every
     expert resident on a GPU), else the eager forward."""
-    if model.device.type == "cuda" and model.experts.complete:
+    if model.device.type == "cuda" and model.experts.complete and getattr(model, "graph_safe", True):
         return DecodeGraph(model, cache).step
 
     def eager(token: int) -> torch.Tensor:
