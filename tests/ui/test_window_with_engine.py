@@ -41,6 +41,11 @@ def wait_for_answer(window, qtbot) -> None:
     qtbot.waitUntil(lambda: window.chat.answer is None, timeout=60_000)
 
 
+def wait_for_tokens(window, qtbot, count: int) -> None:
+    qtbot.waitUntil(lambda: window.chat.answer is None or window.chat.answer.tokens >= count, timeout=60_000)
+    assert window.chat.answer is not None, "the answer ended before it could be interrupted"
+
+
 def last_widget(window):
     return window.chat.view.widgets[-1]
 
@@ -64,6 +69,7 @@ def test_the_engine_loads_exactly_the_plan_on_screen(window, qtbot, tiny_gpt_oss
 
 
 def test_a_message_streams_in_and_is_stored_with_its_figures(window, qtbot):
+    window.chat_settings.temperature.setValue(0.0)  # greedy: the long answers below run their full length
     frames = []
     window.client.tokens.connect(frames.append)
     ask(window, qtbot, "Hello there", max_tokens=24)
@@ -84,7 +90,7 @@ def test_a_message_streams_in_and_is_stored_with_its_figures(window, qtbot):
 
 def test_stop_keeps_the_partial_answer(window, qtbot):
     ask(window, qtbot, "Tell me a long story", max_tokens=2000)
-    qtbot.waitUntil(lambda: window.chat.answer.tokens >= 3, timeout=60_000)
+    wait_for_tokens(window, qtbot, 3)
     qtbot.mouseClick(window.chat.stop_button, Qt.MouseButton.LeftButton)
     wait_for_answer(window, qtbot)
     answer = window.store.branch(window.chat.chat_id)[-1]
@@ -139,7 +145,7 @@ def test_the_history_is_there_after_a_restart(window, qtbot, data_dir):
 
 def test_a_killed_engine_leaves_the_window_working(window, qtbot):
     ask(window, qtbot, "One more long story", max_tokens=2000)
-    qtbot.waitUntil(lambda: window.chat.answer.tokens >= 3, timeout=60_000)
+    wait_for_tokens(window, qtbot, 3)
     answer_id = window.chat.answer.message_id
     with qtbot.waitSignal(window.client.died, timeout=10_000):
         os.kill(window.client.engine.process.pid, signal.SIGKILL)
