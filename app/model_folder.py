@@ -8,11 +8,10 @@ and complete, so that the planner and the engine can trust names, shapes and byt
 import json
 import struct
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 from app.errors import UserError
-from app.quantization import Quantization, read_quantization
+from app.quantization import read_quantization
 
 SUPPORTED_MODEL_TYPES = ("gpt_oss", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa")
 INDEX_FILE = "model.safetensors.index.json"
@@ -50,6 +49,7 @@ class ModelFolder:
         self.config = config
         self.generation_config = generation_config
         self.tensors = tensors
+        self.quantization = read_quantization(config, path / "config.json")
 
     @classmethod
     def open(cls, path: str | Path, any_model_type: bool = False) -> "ModelFolder":
@@ -65,17 +65,11 @@ class ModelFolder:
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         generation_config = _read_json(path / "generation_config.json", required=False)
-        folder = cls(path, config, generation_config, _read_tensor_table(path))
-        _ = folder.quantization  # an unsupported method is refused before anything else reads the weights
-        return folder
+        return cls(path, config, generation_config, _read_tensor_table(path))
 
     @property
     def model_type(self) -> str:
         return self.config["model_type"]
-
-    @cached_property
-    def quantization(self) -> Quantization:
-        return read_quantization(self.config, self.path / "config.json")
 
     def stop_token_ids(self) -> list[int]:
         ids: list[int] = []
