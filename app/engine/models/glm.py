@@ -153,7 +153,7 @@ class RoutedMoe:
         self.config = c
         self.experts = model.experts
         self.run_experts = model.run_experts
-        self.later_layers = model.moe_layers
+        self.moe_layers = model.moe_layers  # index -> RoutedMoe, for the look-ahead
         self.router = model.tensor(prefix + "gate.weight", (c.n_routed_experts, c.hidden_size), float32=True)
         self.correction_bias = model.tensor(prefix + "gate.e_score_correction_bias", (c.n_routed_experts,),
                                             float32=True)
@@ -166,9 +166,9 @@ class RoutedMoe:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         experts, weights = route(x, self.router, self.correction_bias, self.config)
         predictions = {
-            later: self.later_layers[later].choose(x)
+            later: self.moe_layers[later].choose(x)
             for later in self.experts.lookahead_layers(self.index, len(x))
-            if later in self.later_layers
+            if later in self.moe_layers
         }
         return self.experts.run(self.index, x, experts, weights, self.run_experts, predictions) + self.shared(x)
 

@@ -21,7 +21,7 @@ LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm use the RMSNorm defau
 
 @dataclass(frozen=True)
 class MlaConfig(GlmConfig):
-    q_lora_rank: int | None = 768
+    q_lora_rank: int = 768
     kv_lora_rank: int = 512
     qk_nope_head_dim: int = 192
     qk_rope_head_dim: int = 64
@@ -40,13 +40,9 @@ class LatentAttention:
         self.latent_rank = latent
         self.scale = (nope + rope) ** -0.5
         self.rotate = rotate_pairs if c.rope_interleave else rotate_halves
-        if c.q_lora_rank is None:
-            self.q_a = None
-            self.q_b = model.weight(prefix + "q_proj", (heads * (nope + rope), hidden))
-        else:
-            self.q_a = model.weight(prefix + "q_a_proj", (c.q_lora_rank, hidden))
-            self.q_a_norm = model.tensor(prefix + "q_a_layernorm.weight", (c.q_lora_rank,), float32=True)
-            self.q_b = model.weight(prefix + "q_b_proj", (heads * (nope + rope), c.q_lora_rank))
+        self.q_a = model.weight(prefix + "q_a_proj", (c.q_lora_rank, hidden))
+        self.q_a_norm = model.tensor(prefix + "q_a_layernorm.weight", (c.q_lora_rank,), float32=True)
+        self.q_b = model.weight(prefix + "q_b_proj", (heads * (nope + rope), c.q_lora_rank))
         self.kv_a = model.weight(prefix + "kv_a_proj_with_mqa", (latent + rope, hidden))
         self.kv_a_norm = model.tensor(prefix + "kv_a_layernorm.weight", (latent,), float32=True)
         kv_b = model.weight(prefix + "kv_b_proj", (heads * (nope + c.v_head_dim), latent)).unflatten(0, (heads, -1))
@@ -54,8 +50,8 @@ class LatentAttention:
         self.o = model.weight(prefix + "o_proj", (hidden, heads * c.v_head_dim))
 
     def query_latent(self, x: torch.Tensor) -> torch.Tensor:
-        """x [T, H] -> the normalised query latent [T, q_lora_rank] (x itself without a q LoRA)."""
-        return x if self.q_a is None else rms_norm(x @ self.q_a.T, self.q_a_norm, LATENT_NORM_EPS)
+        """x [T, H] -> the normalised query latent [T, q_lora_rank] (DSA's indexer reads it too)."""
+        return rms_norm(x @ self.q_a.T, self.q_a_norm, LATENT_NORM_EPS)
 
     def visible(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         """Which cached tokens each query reads [T, L]: all earlier ones (DSA narrows this down)."""
