@@ -171,7 +171,7 @@ def plan_placement(
                 f"GPU budget {format_size(gpu_budget)} is too small: this model needs at least "
                 f"{format_size(needed)} (resident weights {format_size(resident)}, KV cache "
                 f"{format_size(kv_cache)} for {context} tokens, workspace {format_size(workspace)}, "
-                f"{facts.top_k} expert slots); raise --gpu-budget or shorten the context"
+                f"{facts.top_k} expert slots); raise the GPU budget or shorten the context"
             )
     host = total if ram_budget is None else min(total, max(ram_budget, 0) // facts.expert_bytes)
     return Placement(resident, kv_cache, workspace, facts.expert_bytes, slots, host, total - host, context)

@@ -45,7 +45,7 @@ class BudgetPanel(QWidget):
         self.machine_label.setStyleSheet("color: #6b7280")
         self.gpu_slider = self._slider()
         self.ram_slider = self._slider()
-        self.gpu_label, self.ram_label = QLabel(), QLabel()
+        self.gpu_label, self.ram_label = QLabel("GPU budget"), QLabel("RAM budget")
         self.context = QComboBox()
         self.context.currentIndexChanged.connect(self._bound_sliders)
         self.bar = PlacementBar()
@@ -145,33 +145,25 @@ class BudgetPanel(QWidget):
     def _replan(self) -> None:
         self.placement = self.prediction = None
         self.refusal.clear()
-        if self.facts is None or self.machine is None:
-            self.gpu_label.setText("GPU budget")
-            self.ram_label.setText("RAM budget")
-            self.bar.show_placement(None, "", 0, 0)
-            self.speed.clear()
-            self.details.clear()
-            return
-        device = self.device_name
-        self.gpu_label.setText(f"{device} budget {format_size(self.gpu_budget)}")
-        self.ram_label.setText(f"RAM budget {format_size(self.ram_budget)}")
-        try:
-            self.placement = plan_placement(self.facts, self.gpu_budget, self.ram_budget,
-                                            self.context.currentData(), self._dtype_bytes)
-        except UserError as error:
-            self.refusal.setText(f"This plan cannot run: {error}")
+        if self.facts is not None and self.machine is not None:
+            self.gpu_label.setText(f"{self.device_name} budget {format_size(self.gpu_budget)}")
+            self.ram_label.setText(f"RAM budget {format_size(self.ram_budget)}")
+            try:
+                self.placement = plan_placement(self.facts, self.gpu_budget, self.ram_budget,
+                                                self.context.currentData(), self._dtype_bytes)
+            except UserError as error:
+                self.refusal.setText(f"This plan cannot run: {error}")
         if self.placement is not None:
             self.prediction = predict_decode(self.facts, self.placement, self._dtype_bytes, self.machine.hardware)
-        self.bar.show_placement(self.placement, device, self.gpu_budget, self.gpu_max)
-        self._show_prediction()
+            self._show_plan()
+        for widget in (self.bar, self.speed, self.details):
+            widget.setVisible(self.placement is not None)
+        self.refusal.setVisible(bool(self.refusal.text()))
         self.load_button.setEnabled(self.placement is not None)
 
-    def _show_prediction(self) -> None:
-        if self.prediction is None:
-            self.speed.setText("—")
-            self.details.clear()
-            return
+    def _show_plan(self) -> None:
         p, placement = self.prediction, self.placement
+        self.bar.show_placement(placement, self.device_name, self.gpu_budget, self.gpu_max)
         self.speed.setText(f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s")
         self.details.setText(
             f"{placement.expert_slots} of {self.facts.total_experts} experts on the {self.device_name}"

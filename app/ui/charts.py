@@ -69,7 +69,7 @@ class LiveCharts(QWidget):
         plot.setLabel("bottom", "seconds")
         plot.showGrid(x=True, y=True, alpha=0.2)
         if len(series) > 1:
-            plot.addLegend(offset=(-10, 10))
+            plot.addLegend(offset=(-10, 10), brush=(255, 255, 255, 210))
         if series[0][0] in FRACTIONS:
             plot.setYRange(0, 1.05)
         for name, colour, legend in series:

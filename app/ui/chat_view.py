@@ -134,6 +134,8 @@ class ChatView(QScrollArea):
 
     def show_messages(self, messages: list[Message], siblings: dict[int, list[int]]) -> None:
         for widget in self.widgets:
+            self.column.removeWidget(widget)
+            widget.hide()
             widget.deleteLater()
         self.widgets = []
         for message in messages:

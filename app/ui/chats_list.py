@@ -56,6 +56,10 @@ class ChatsList(QWidget):
             if chat.id == current:
                 self.list.setCurrentItem(item)
 
+    def select(self, chat_id: int) -> None:
+        self.refresh(chat_id)
+        self.chat_selected.emit(chat_id)
+
     def new_chat(self) -> None:
         self.list.clearSelection()
         self.chat_selected.emit(None)

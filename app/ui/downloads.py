@@ -230,7 +230,7 @@ class DownloadPanel(QWidget):
             return
         if not completed:
             self.download_button.setText("Resume")
-            self.status.setText(f"Paused. {self.status.text()}")
+            self.status.setText("Paused: the partial files are kept; Resume continues where it stopped.")
             return
         self.settings.forget_download(folder)
         self.bar.setValue(1000)

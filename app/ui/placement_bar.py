@@ -42,14 +42,11 @@ class PlacementBar(QWidget):
     def sizeHint(self) -> QSize:
         return QSize(480, 2 * ROW_HEIGHT + 70)
 
-    def show_placement(self, placement: Placement | None, device_label: str, budget: int, scale: int) -> None:
-        if placement is None:
-            self.rows = []
-        else:
-            device = device_segments(placement, budget)
-            host = host_segments(placement)
-            self.rows = [(device_label, device, max(scale, sum(size for _, size in device))),
-                         ("RAM / disk", host, sum(size for _, size in host))]
+    def show_placement(self, placement: Placement, device_label: str, budget: int, scale: int) -> None:
+        device = device_segments(placement, budget)
+        host = host_segments(placement)
+        self.rows = [(device_label, device, max(scale, sum(size for _, size in device))),
+                     ("RAM / disk", host, sum(size for _, size in host))]
         self.setToolTip("\n".join(f"{name}: {format_size(size)}" for _, segments, _ in self.rows
                                   for name, size in segments))
         self.update()

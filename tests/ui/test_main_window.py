@@ -44,7 +44,8 @@ def test_chats_are_renamed_deleted_and_exported(qtbot, tmp_path):
     qtbot.addWidget(window)
     assert window.chat.chat_id == second and [window.chats.list.item(i).text() for i in range(2)] == [
         "Second", "First"]
-    window.chats.chat_selected.emit(first)
+    window.chats.select(first)
+    assert window.chats.list.currentItem().text() == "First"
     assert [w.text for w in window.chat.view.widgets] == ["What is **MoE**?", "Experts."]
     assert window.chat.view.widgets[1].reasoning_toggle.text() == "Reasoning (1 word)"
     assert not window.chat.view.widgets[1].reasoning.isVisibleTo(window)

@@ -1,0 +1,148 @@
+"""Screenshots of the main views for the README, taken from the real window under Xvfb.
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python tools/screenshots.py docs/screenshots
+
+The chat view shows a short sample conversation (stored in a scratch history) followed by a real
+answer of the tiny random test model (hence its words) with live charts from that run. The budget
+panel plans gpt-oss-20b from its real tensor table for a stated machine (an RTX 4090 with 64 GiB of
+RAM); the download panel talks to a local server that speaks the hub's protocol.
+"""
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from PySide6.QtCore import QEventLoop
+from PySide6.QtWidgets import QApplication
+
+from app.chats import ChatStore
+from app.ui.hardware import GIB, Machine
+from app.ui.main_window import MainWindow
+from tests.fixtures.hub_server import FakeHub
+from tests.fixtures.shape_only import write_shape_only_model
+from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
+from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
+
+MACHINE = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4)
+CPU_ONLY = Machine(ram_bytes=16 * GIB)
+QUESTION = "How do I read the tensor names of a safetensors file without loading it?"
+REASONING = ("The user wants the header only. A safetensors file starts with an 8-byte little-endian "
+             "length, then that many bytes of JSON: names, dtypes, shapes and offsets.")
+ANSWERS = [
+    "Read the 8-byte header length, then the JSON header.",
+    "The header is JSON behind an 8-byte length, so no weights are read:\n\n"
+    "```python\nimport json, struct\n\n"
+    "def tensor_names(path):\n"
+    "    with open(path, \"rb\") as f:\n"
+    "        (size,) = struct.unpack(\"<Q\", f.read(8))\n"
+    "        header = json.loads(f.read(size))\n"
+    "    return [name for name in header if name != \"__metadata__\"]\n```\n\n"
+    "Each entry also has `dtype`, `shape` and `data_offsets`, which is how **MoE Chat** plans memory "
+    "before loading anything.",
+]
+
+
+def wait(app: QApplication, condition, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the window did not reach the state to photograph")
+        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        time.sleep(0.01)
+
+
+def settle(app: QApplication) -> None:
+    for _ in range(20):
+        app.processEvents()
+        time.sleep(0.01)
+
+
+def sample_chat(store: ChatStore) -> int:
+    chat = store.create_chat("Reading safetensors headers")
+    question = store.add_message(chat, None, "user", QUESTION)
+    for answer in ANSWERS:
+        store.add_message(chat, question, "assistant", answer, reasoning=REASONING)
+    return chat
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="moechat-screens-"))
+    tiny = write_tiny_gpt_oss(scratch / "tiny-gpt-oss")
+    write_harmony_tokenizer(tiny)
+    big = write_shape_only_model(scratch / "gpt-oss-20b")
+    store = ChatStore(scratch / "data" / "chats.sqlite")
+    sample_chat(store)
+    store.close()
+
+    app = QApplication(sys.argv)
+    window = MainWindow(scratch / "data", machine=CPU_ONLY)
+    window.resize(1280, 800)
+    window.show()
+    window.library.add_folder(str(tiny))
+    budget = window.budget
+    budget.gpu_slider.setValue(985)  # about half the tiny model's experts on the device
+    budget.load_button.click()
+    wait(app, lambda: window.client.info is not None)
+
+    window.chats.new_chat()
+    window.chat_settings.max_tokens.setValue(48)
+    window.chat.composer.setPlainText("Hello! Who are you?")
+    window.chat.send()
+    wait(app, lambda: window.chat.answer is None)
+    window.side_tabs.setCurrentIndex(1)
+    settle(app)
+    window.grab().save(str(out / "chat-live.png"))
+
+    window.chats.select(window.store.chats()[-1].id)
+    window.chat.view.widgets[1].reasoning_toggle.setChecked(True)
+    window.side_tabs.setCurrentIndex(0)
+    settle(app)
+    window.grab().save(str(out / "chat-markdown.png"))
+
+    window.chat_settings.max_tokens.setValue(2000)
+    window.chat.composer.setPlainText("Tell me a long story.")
+    window.chat.send()
+    wait(app, lambda: window.chat.answer is not None and len(window.chat.answer.text + window.chat.answer.reasoning) > 60)
+    os.kill(window.client.engine.process.pid, signal.SIGKILL)
+    wait(app, lambda: window.banner.isVisible())
+    settle(app)
+    window.grab().save(str(out / "engine-died.png"))
+    window.close()
+
+    files = {p.name: p.read_bytes() for p in tiny.iterdir() if p.is_file()}
+    with FakeHub("tiny-org/tiny-gpt-oss", files, {n for n in files if n.endswith(".safetensors")}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        planner = MainWindow(scratch / "planner", machine=MACHINE)
+        planner.resize(1280, 800)
+        planner.show()
+        planner.tabs.setCurrentIndex(1)
+        planner.library.add_folder(str(tiny))
+        planner.library.add_folder(str(big))
+        planner.budget.gpu_slider.setValue(520)
+        planner.budget.ram_slider.setValue(1000)
+        downloads = planner.downloads
+        downloads.look_up("tiny-org/tiny-gpt-oss")
+        wait(app, lambda: downloads.job.download is not None and downloads.download_button.isEnabled())
+        hub.delay_s = 0.02
+        downloads.start()
+        wait(app, lambda: hub.bytes_served > 150_000)
+        downloads.pause()
+        wait(app, lambda: not downloads.running)
+        settle(app)
+        planner.grab().save(str(out / "models-budget.png"))
+        planner.budget.gpu_slider.setValue(150)
+        settle(app)
+        planner.budget.grab().save(str(out / "plan-refused.png"))
+        planner.close()
+    print(f"screenshots in {out}")
+
+
+if __name__ == "__main__":
+    main()
