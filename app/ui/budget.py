@@ -17,6 +17,7 @@ from app.ui.placement_bar import PlacementBar
 STEPS = 1000
 CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_CONTEXT = 4096
+DEFAULT_GPU_SHARE = 0.9  # of the device's memory: the desktop and the CUDA context need some
 DEFAULT_RAM_SHARE = 0.75  # of the machine's RAM, when the experts do not fit in less
 
 
@@ -56,6 +57,9 @@ class BudgetPanel(QWidget):
         self.refusal = QLabel()
         self.refusal.setWordWrap(True)
         self.refusal.setStyleSheet("color: #c92a2a")
+        self.warning = QLabel()
+        self.warning.setWordWrap(True)
+        self.warning.setStyleSheet("color: #e8590c")
         self.load_button = QPushButton("Load with this plan")
         self.load_button.clicked.connect(self._request_load)
 
@@ -67,7 +71,7 @@ class BudgetPanel(QWidget):
         for widget in (self.title, self.machine_label):
             layout.addWidget(widget)
         layout.addLayout(form)
-        for widget in (self.bar, self.speed, self.details, self.refusal, self.load_button):
+        for widget in (self.bar, self.speed, self.details, self.refusal, self.warning, self.load_button):
             layout.addWidget(widget)
         layout.addStretch()
         self._set_enabled(False)
@@ -111,7 +115,8 @@ class BudgetPanel(QWidget):
         ram_default = min(all_experts, int(DEFAULT_RAM_SHARE * self.machine.ram_bytes))
         self._set_enabled(True)
         self._bound_sliders()
-        self.gpu_slider.setValue(STEPS)
+        gpu_default = min(self.gpu_max, int(DEFAULT_GPU_SHARE * self.machine.device_bytes))
+        self.gpu_slider.setValue(STEPS * gpu_default // max(self.gpu_max, 1))
         self.ram_slider.setValue(STEPS * ram_default // max(self.ram_max, 1))
         self._replan()
 
@@ -159,7 +164,19 @@ class BudgetPanel(QWidget):
         for widget in (self.bar, self.speed, self.details):
             widget.setVisible(self.placement is not None)
         self.refusal.setVisible(bool(self.refusal.text()))
+        self.warning.setVisible(self.placement is not None and self._shares_ram())
         self.load_button.setEnabled(self.placement is not None)
+
+    def _shares_ram(self) -> bool:
+        """Without a GPU the device budget is RAM too: both budgets together may not fit."""
+        if self.machine.gpu_bytes or self.placement.device_bytes + self.placement.host_bytes <= self.machine.ram_bytes:
+            return False
+        self.warning.setText(
+            f"The CPU budget and the RAM budget together ({format_size(self.placement.device_bytes)} + "
+            f"{format_size(self.placement.host_bytes)}) exceed this machine's {format_size(self.machine.ram_bytes)} "
+            "of RAM: lower one of them, or load anyway and expect swapping or an out-of-memory kill."
+        )
+        return True
 
     def _show_plan(self) -> None:
         p, placement = self.prediction, self.placement

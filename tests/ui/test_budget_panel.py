@@ -13,6 +13,7 @@ from tests.fixtures.shape_only import write_shape_only_model
 
 RTX_4090 = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4)
 SMALL_GPU = Machine(ram_bytes=8 * GIB, gpu_name="NVIDIA GeForce RTX 4060", gpu_bytes=8 * GIB, pcie_gen=4)
+NO_GPU = Machine(ram_bytes=16 * GIB)
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +43,7 @@ def test_the_sliders_end_at_the_machine_or_where_everything_fits(panel, gpt_oss_
     assert roomy.prediction.hit_rate == 1.0 and "RTX 4090" in roomy.machine_label.text()
     small = panel(SMALL_GPU, gpt_oss_20b)
     assert small.gpu_max == 8 * GIB and small.ram_max == 8 * GIB
+    assert small.gpu_budget == pytest.approx(0.9 * 8 * GIB, rel=0.002)  # room for the desktop
     assert small.placement.disk_experts > 0  # 75 % of 8 GiB RAM cannot hold 9.5 GiB of experts
 
 
@@ -92,3 +94,13 @@ def test_the_load_request_is_exactly_the_plan_on_screen(panel, gpt_oss_20b, qtbo
 def test_a_folder_that_is_not_a_model_is_explained(panel, tmp_path):
     budget = panel(RTX_4090, str(tmp_path))
     assert "config.json is missing" in budget.title.text() and not budget.load_button.isEnabled()
+
+
+def test_without_a_gpu_both_budgets_come_from_ram_and_a_plan_past_it_is_a_warning(panel, gpt_oss_20b):
+    budget = panel(NO_GPU, gpt_oss_20b)
+    assert budget.device_name == "CPU" and budget.gpu_max == 16 * GIB  # float32 on the CPU: 20 GB for all of it
+    assert budget.placement.device_bytes <= 0.9 * 16 * GIB
+    assert budget.warning.isVisible() and "exceed this machine's 16.00 GiB of RAM" in budget.warning.text()
+    assert budget.load_button.isEnabled()  # loading anyway stays possible
+    budget.ram_slider.setValue(0)
+    assert not budget.warning.isVisible()

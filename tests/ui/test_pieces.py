@@ -2,11 +2,13 @@
 
 import os
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
 from app.chats import ChatStore
 from app.engine.protocol import Done, StepStats, Tokens
+from app.ui.charts import LiveCharts
 from app.ui.conversation import Answer, engine_messages, title_for
 from app.ui.hardware import CPU_HARDWARE, GIB, Machine, detect_machine, total_ram
 from app.ui.live_stats import LiveStats
@@ -127,3 +129,36 @@ def test_without_nvidia_smi_the_cpu_is_the_device():
     assert machine.gpu_bytes is None and machine.device == "cpu" and machine.device_bytes == machine.ram_bytes
     assert machine.hardware == CPU_HARDWARE
     assert "no NVIDIA GPU" in Machine(16 * GIB).describe()
+
+
+def spec_step(accepted: int, block_size: int, request_id: int = 1) -> SimpleNamespace:
+    """A speculative step's Tokens event as the engine sends it (`spec` says what the step verified)."""
+    return SimpleNamespace(token_ids=list(range(accepted + 1)), pieces=[("answer", "x" * (accepted + 1))],
+                           request_id=request_id, spec=SimpleNamespace(accepted=accepted, block_size=block_size))
+
+
+def test_speculative_steps_give_accepted_drafts_and_block_sizes(store):
+    stats = LiveStats(Clock())
+    stats.add_tokens([Tokens([1], [("answer", "a")], 1), spec_step(3, 8), spec_step(1, 4)])
+    assert stats.points("accepted")[1] == [3, 1] and stats.points("block_size")[1] == [8, 4]
+    chat = store.create_chat("t")
+    answer = Answer(store, chat, store.add_message(chat, None, "user", "hi"), request_id=1)
+    answer.add([spec_step(3, 8), spec_step(1, 4)])
+    assert answer.tokens == 6 and answer.text == "xxxxxx"
+    assert answer.interrupt("cancelled")["mean_accepted"] == 2.0
+
+
+def test_charts_appear_only_for_figures_that_have_data(qtbot):
+    charts = LiveCharts(Clock())
+    qtbot.addWidget(charts)
+    charts.refresh()
+    assert charts.plots == {} and not charts.placeholder.isHidden()
+    charts.add_step_stats(StepStats(1, tokens=4, seconds=0.1, hits=3, misses=1, bytes_fetched=4096,
+                                    prefetch_coverage=0.0, prefetch_waste=0.0))
+    charts.refresh()
+    assert list(charts.plots) == ["Decode speed", "Expert-cache hit rate", "Fetched per token"]
+    assert charts.placeholder.isHidden()
+    charts.add_tokens([spec_step(2, 4)])
+    charts.refresh()
+    assert "Speculation per step" in charts.plots and "Prefetch" not in charts.plots
+    assert list(charts.curves["block_size"].getData()[1]) == [4]
