@@ -3,7 +3,13 @@
 Weights come in either checkpoint format: MXFP4 (`gate_up_proj_blocks/_scales`, rows are output
 features) or dequantized (`gate_up_proj` [S, H, 2W], `down_proj` [S, W, H]). Biases are always
 `gate_up_proj_bias` [S, 2W] and `down_proj_bias` [S, H].
+
+`gpt_oss_experts` runs the Triton kernels of gpt_oss_experts_triton.py; `gpt_oss_experts_torch` is
+the reference with the same signature; `gpt_oss_experts_op` picks one for a device.
 """
+
+import os
+from collections.abc import Callable
 
 import torch
 
@@ -43,3 +49,26 @@ def gpt_oss_experts_torch(
         expert_out = clamped_swiglu(gate_up, limit, alpha) @ down_w + arenas["down_proj_bias"][slot].to(hidden.dtype)
         out.index_add_(0, tokens, expert_out * weights[tokens, picks, None])
     return out
+
+
+def gpt_oss_experts(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float,
+    alpha: float,
+) -> torch.Tensor:
+    """`gpt_oss_experts_torch` in Triton: one launch per projection for all tokens and picks."""
+    # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
+    from app.kernels.gpt_oss_experts_triton import run_experts
+
+    return run_experts(hidden, arenas, slots, weights, limit, alpha)
+
+
+def gpt_oss_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The Triton kernels on CUDA; the torch reference elsewhere, unless TRITON_INTERPRET=1 asks
+    for the kernels in Triton's interpreter."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return gpt_oss_experts
+    return gpt_oss_experts_torch

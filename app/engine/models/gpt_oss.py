@@ -11,7 +11,7 @@ from app.engine.experts import ExpertCache, ExpertTensors
 from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, causal_mask, rms_norm
 from app.engine.rope import Rotary, rotate_halves
-from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
+from app.kernels.gpt_oss_experts import gpt_oss_experts_op
 
 MXFP4_EXPERT_TENSORS = (
     "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
@@ -137,7 +137,7 @@ class GptOss:
                 "router_bias": load(p + "mlp.router.bias", (c.num_local_experts,)),
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
-        self.run_experts = partial(gpt_oss_experts_torch, limit=c.swiglu_limit, alpha=c.swiglu_alpha)
+        self.run_experts = partial(gpt_oss_experts_op(device), limit=c.swiglu_limit, alpha=c.swiglu_alpha)
 
     def new_kv_cache(self, capacity: int) -> KVCache:
         c = self.config

@@ -1,0 +1,119 @@
+"""Tiles of (token, pick) pairs that share an expert slot, for grouped expert kernels.
+
+`plan_tiles` sorts the pairs by cache slot in one small launch (no host synchronisation); a tile is
+a run of up to BLOCK_M sorted pairs with one slot, so an expert kernel with one program per tile
+reads each expert's weights once per tile. `sum_picks` adds each token's per-pick rows in pick
+order: no atomics, so the result does not depend on how programs are scheduled.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass
+class TilePlan:
+    sorted_pairs: torch.Tensor  # [BLOCK_P] int32: pair index (token * k + pick) in slot order
+    sorted_slots: torch.Tensor  # [BLOCK_P] int32: their slots; skipped picks and padding last
+    tile_starts: torch.Tensor  # [max_tiles] int32: first sorted position of each tile
+    tile_count: torch.Tensor  # [1] int32: tiles in use; programs past it return at once
+    max_tiles: int  # the grid size: chunks of BLOCK_M plus slot boundaries
+
+
+def plan_tiles(slots: torch.Tensor, num_slots: int, pairs_per_tile: int) -> TilePlan:
+    """slots [T, k] (-1: skip) -> the tiles of pairs sharing a slot, at most `pairs_per_tile` each."""
+    num_pairs, device = slots.numel(), slots.device
+    block_p = max(triton.next_power_of_2(num_pairs), pairs_per_tile)
+    assert (num_slots + 1) * block_p < 2**31, "sort keys are int32"
+    max_tiles = triton.cdiv(num_pairs, pairs_per_tile) + min(num_pairs, num_slots) - 1
+    plan = TilePlan(
+        sorted_pairs=torch.empty(block_p, dtype=torch.int32, device=device),
+        sorted_slots=torch.empty(block_p, dtype=torch.int32, device=device),
+        tile_starts=torch.empty(max_tiles, dtype=torch.int32, device=device),
+        tile_count=torch.empty(1, dtype=torch.int32, device=device),
+        max_tiles=max_tiles,
+    )
+    _plan_kernel[(1,)](
+        slots.contiguous(), plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count,
+        num_pairs, num_slots,
+        BLOCK_P=block_p, BLOCK_M=pairs_per_tile, BLOCK_J=min(block_p, 32), num_warps=4 if block_p <= 256 else 8,
+    )
+    return plan
+
+
+def sum_picks(per_pick: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """per_pick [T * k, H] float32 (rows of skipped picks never read), slots [T, k] -> [T, H] in `dtype`."""
+    tokens, picks = slots.shape
+    hidden_size = per_pick.shape[1]
+    out = torch.empty((tokens, hidden_size), dtype=dtype, device=per_pick.device)
+    block_t, block_h = min(16, triton.next_power_of_2(tokens)), 256
+    _sum_picks_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(hidden_size, block_h))](
+        per_pick, slots.contiguous(), out, tokens, hidden_size, PICKS=picks, BLOCK_T=block_t, BLOCK_H=block_h,
+    )
+    return out
+
+
+@triton.jit
+def _plan_kernel(
+    slots_ptr, sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, num_pairs, num_slots,
+    BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_J: tl.constexpr,
+):
+    """Sort pairs by (slot, pair), skipped picks and padding last; a tile starts at every slot change
+    and every BLOCK_M-aligned position."""
+    pair = tl.arange(0, BLOCK_P)
+    key = _sort_key(slots_ptr, pair, num_pairs, num_slots, BLOCK_P)
+    # a pair's place in the sorted order is the number of smaller keys: O(P^2), no sorting network;
+    # [BLOCK_J, BLOCK_P] so that each thread sums its own column
+    rank = tl.zeros((BLOCK_P,), tl.int32)
+    for first in range(0, BLOCK_P, BLOCK_J):
+        others = _sort_key(slots_ptr, first + tl.arange(0, BLOCK_J), num_pairs, num_slots, BLOCK_P)
+        rank += tl.sum((others[:, None] < key[None, :]).to(tl.int32), axis=0)
+    tl.store(sorted_pairs_ptr + rank, pair)
+    tl.store(sorted_slots_ptr + rank, key // BLOCK_P)
+    tl.debug_barrier()
+    position = tl.arange(0, BLOCK_P)
+    slot = tl.load(sorted_slots_ptr + position)
+    previous = tl.load(sorted_slots_ptr + position - 1, mask=position > 0, other=-1)
+    starts = (slot < num_slots) & ((position % BLOCK_M == 0) | (slot != previous))
+    tile = tl.cumsum(starts.to(tl.int32), 0) - 1
+    tl.store(tile_starts_ptr + tile, position, mask=starts)
+    tl.store(tile_count_ptr, tl.sum(starts.to(tl.int32), 0))
+
+
+@triton.jit
+def _sort_key(slots_ptr, pairs, num_pairs, num_slots, BLOCK_P: tl.constexpr):
+    """slot * BLOCK_P + pair, with skipped picks and padding as slot `num_slots`: distinct keys."""
+    slot = tl.load(slots_ptr + pairs, mask=pairs < num_pairs, other=-1).to(tl.int32)
+    return tl.where(slot < 0, num_slots, slot) * BLOCK_P + pairs
+
+
+@triton.jit
+def tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M: tl.constexpr):
+    """This program's tile: sorted positions [BLOCK_M], their slot, and which positions belong to it."""
+    start = tl.load(tile_starts_ptr + tl.program_id(0))
+    slot = tl.load(sorted_slots_ptr + start)
+    positions = start + tl.arange(0, BLOCK_M)
+    in_chunk = positions < (start // BLOCK_M + 1) * BLOCK_M
+    used = in_chunk & (tl.load(sorted_slots_ptr + positions, mask=in_chunk, other=-1) == slot)
+    return positions, slot.to(tl.int64), used  # int64: slot * expert size passes 2^31
+
+
+@triton.jit
+def _sum_picks_kernel(
+    per_pick_ptr, slots_ptr, out_ptr, tokens, hidden_size,
+    PICKS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    columns = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
+    for pick in tl.static_range(PICKS):
+        pair = token * PICKS + pick
+        taken = tl.load(slots_ptr + pair, mask=token < tokens, other=-1) >= 0
+        rows = per_pick_ptr + pair[:, None] * hidden_size + columns[None, :]
+        acc += tl.load(rows, mask=taken[:, None] & (columns[None, :] < hidden_size), other=0.0)
+    tl.store(
+        out_ptr + token[:, None] * hidden_size + columns[None, :], acc.to(out_ptr.dtype.element_ty),
+        mask=(token[:, None] < tokens) & (columns[None, :] < hidden_size),
+    )

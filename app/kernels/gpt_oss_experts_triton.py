@@ -1,0 +1,217 @@
+"""Triton kernels for GPT-OSS routed experts: one launch per projection for all tokens and picks.
+
+Pairs (token, pick) are grouped into tiles that share a cache slot (expert_tiles.py), so each tile
+reads its expert's weights once, straight from the cache arena; MXFP4 is dequantized on the fly
+(`tl.dot_scaled`). Weights are the M side of each product (out^T = W @ x^T), so the token side of a
+tile can be as small as 16 at decode.
+
+- gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W], in sorted order.
+- down: bias and routing weight in the epilogue -> one float32 row per pick [P, H].
+- `sum_picks` adds each token's picks in pick order (deterministic, no atomics).
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from app.kernels.expert_tiles import plan_tiles, sum_picks, tile_rows
+
+MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
+# whether the kernels below run in Triton's interpreter (triton.jit reads the variable when they are
+# defined), whose bf16 tl.dot is wrong: UPCAST
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One projection's tiles: `features` outputs by `depth` inputs per step (MXFP4: 32 per product)."""
+
+    features: int
+    depth: int
+    warps: int = 4
+    stages: int = 3
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    pairs_per_tile: int  # BLOCK_M, shared by both projections (the plan depends on it); >= 16 for tl.dot
+    gate_up: Tiles
+    down: Tiles
+
+
+def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
+    pairs_per_tile = 16 if num_pairs <= 256 else 32
+    if mxfp4:
+        return LaunchConfig(pairs_per_tile, Tiles(64, 64), Tiles(32, 64))
+    return LaunchConfig(pairs_per_tile, Tiles(64, 64, stages=4), Tiles(64, 128))
+
+
+def run_experts(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float,
+    alpha: float,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
+    tokens, picks = slots.shape
+    chunk = max(1, MAX_PAIRS // picks)
+    if tokens > chunk:
+        parts = (slice(i, i + chunk) for i in range(0, tokens, chunk))
+        return torch.cat([run_experts(hidden[p], arenas, slots[p], weights[p], limit, alpha, config) for p in parts])
+    assert hidden.dim() == 2 and hidden.shape[0] == tokens and weights.shape == slots.shape
+    assert all(t.is_contiguous() for t in arenas.values()), "expert arenas must be contiguous"
+    hidden, slots, weights = hidden.contiguous(), slots.contiguous(), weights.contiguous()
+    mxfp4 = "gate_up_proj_blocks" in arenas
+    if mxfp4:
+        gate_up, gate_up_scales = arenas["gate_up_proj_blocks"], arenas["gate_up_proj_scales"]
+        down, down_scales = arenas["down_proj_blocks"], arenas["down_proj_scales"]
+        num_slots, two_width = gate_up.shape[:2]
+    else:
+        gate_up, down, gate_up_scales, down_scales = arenas["gate_up_proj"], arenas["down_proj"], None, None
+        num_slots, _, two_width = gate_up.shape
+    hidden_size, width = hidden.shape[1], two_width // 2
+    assert not mxfp4 or (hidden_size % 32 == 0 and width % 32 == 0), "MXFP4 groups are 32 wide"
+    config = config or pick_config(slots.numel(), mxfp4)
+
+    num_pairs, device = slots.numel(), hidden.device
+    plan = plan_tiles(slots, num_slots, config.pairs_per_tile)
+    tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
+
+    shared = dict(
+        MXFP4=mxfp4, F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile
+    )
+    activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
+    tiles = config.gate_up
+    _gate_up_kernel[(plan.max_tiles, triton.cdiv(two_width, tiles.features))](
+        hidden, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], *tiles_in, activations,
+        limit, alpha, hidden_size, width, picks,
+        **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, hidden_size, mxfp4),
+        num_warps=tiles.warps, num_stages=tiles.stages,
+    )
+    per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
+    tiles = config.down
+    _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
+        activations, down, down_scales, arenas["down_proj_bias"], weights, *tiles_in, per_pick,
+        hidden_size, width,
+        **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, width, mxfp4),
+        num_warps=tiles.warps, num_stages=tiles.stages,
+    )
+    return sum_picks(per_pick, slots, hidden.dtype)
+
+
+def _step(tiles: Tiles, k_size: int, mxfp4: bool) -> int:
+    """Inputs per loop step; MXFP4 steps divide K (both are multiples of 32), so they need no tail masks."""
+    return math.gcd(tiles.depth, k_size) if mxfp4 else tiles.depth
+
+
+@triton.jit
+def _expert_matmul(
+    x_ptr, rows, used, weight_ptr, scale_ptr, slot, features, n_size, k_size, MXFP4: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """W[slot][features, :] @ x[rows, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0).
+
+    W is MXFP4 [N, K/2] bytes + [N, K/32] scales per slot, or dense [K, N] per slot."""
+    feature_ok = features < n_size
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    if MXFP4:
+        # One 32-wide group per product: e2m1 -> bf16 is then a table lookup, and the group's
+        # power-of-two scale multiplies the [BLOCK_N, BLOCK_M] result instead of every weight.
+        groups = k_size // 32
+        depth = tl.arange(0, 32)
+        byte = tl.arange(0, 16)
+        w_ptrs = weight_ptr + slot * n_size * (k_size // 2) + features[:, None] * (k_size // 2) + byte[None, :]
+        s_ptrs = scale_ptr + slot * n_size * groups + features * groups
+        x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [32, BLOCK_M]
+        for _ in range(0, groups, BLOCK_K // 32):
+            for step in tl.static_range(BLOCK_K // 32):  # BLOCK_K divides K here
+                blocks = tl.load(w_ptrs + step * 16, mask=feature_ok[:, None], other=0)
+                scale = tl.load(s_ptrs + step, mask=feature_ok, other=0)
+                x = tl.load(x_ptrs + step * 32, mask=used[None, :], other=0.0)
+                high = x.to(tl.bfloat16)
+                products = tl.dot_scaled(blocks, None, "e2m1", high, None, "bf16")
+                if F32_INPUTS:  # a second product on the bf16 rounding error keeps about 16 bits of x
+                    low = (x - high.to(tl.float32)).to(tl.bfloat16)
+                    products += tl.dot_scaled(blocks, None, "e2m1", low, None, "bf16")
+                # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
+                acc += products * (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
+            w_ptrs += BLOCK_K // 2
+            s_ptrs += BLOCK_K // 32
+            x_ptrs += BLOCK_K
+    else:
+        depth = tl.arange(0, BLOCK_K)
+        x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [BLOCK_K, BLOCK_M]
+        w_ptrs = weight_ptr + slot * k_size * n_size + depth[None, :] * n_size + features[:, None]
+        for k0 in range(0, k_size, BLOCK_K):
+            x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_size - k0), other=0.0)
+            w = tl.load(w_ptrs, mask=feature_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)  # [N, K]
+            if UPCAST:
+                w, x = w.to(tl.float32), x.to(tl.float32)
+            # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
+            acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
+            w_ptrs += BLOCK_K * n_size
+            x_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
+def _gate_up_kernel(
+    hidden_ptr, weight_ptr, scale_ptr, bias_ptr, sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr,
+    activations_ptr, limit, alpha, hidden_size, width, picks,
+    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    if tl.program_id(0) >= tl.load(tile_count_ptr):
+        return
+    positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
+    tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _expert_matmul(
+        hidden_ptr, tokens, used, weight_ptr, scale_ptr, slot, features, 2 * width, hidden_size,
+        MXFP4, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    bias = tl.load(bias_ptr + slot * 2 * width + features, mask=features < 2 * width, other=0.0)
+    acc += bias.to(tl.float32)[:, None]
+    # rows alternate gate, up: [BLOCK_N, M] -> [BLOCK_N/2, M, 2]
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    activation = (up + 1) * gate * tl.sigmoid(alpha * gate)
+    columns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(
+        activations_ptr + positions[None, :] * width + columns[:, None],
+        activation.to(activations_ptr.dtype.element_ty),
+        mask=used[None, :] & (columns[:, None] < width),
+    )
+
+
+@triton.jit
+def _down_kernel(
+    activations_ptr, weight_ptr, scale_ptr, bias_ptr, routing_ptr,
+    sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
+    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    if tl.program_id(0) >= tl.load(tile_count_ptr):
+        return
+    positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
+    pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _expert_matmul(
+        activations_ptr, positions, used, weight_ptr, scale_ptr, slot, features, hidden_size, width,
+        MXFP4, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    bias = tl.load(bias_ptr + slot * hidden_size + features, mask=features < hidden_size, other=0.0)
+    routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
+    acc = (acc + bias.to(tl.float32)[:, None]) * routing.to(tl.float32)[None, :]
+    tl.store(
+        per_pick_ptr + pairs[None, :] * hidden_size + features[:, None], acc,
+        mask=used[None, :] & (features[:, None] < hidden_size),
+    )

@@ -1,0 +1,293 @@
+"""The fused GPT-OSS expert kernels on a CUDA GPU, at gpt-oss-20b's real shapes.
+
+    python3 bench/kernel_gpt_oss_experts.py OUT.json
+
+32 experts sit in cache slots (H = W = 2880), each token routes to 4 of them; T = 1, 4, 16, 128,
+256 tokens; MXFP4 and bf16 weights. Each case is first checked against the float32 torch reference
+(fresh random inputs with skipped picks, poisoned allocations), then timed:
+- `op`: triton.testing.do_bench, median, L2 flushed before every run (launch gaps included);
+- `graph`: the op captured in a CUDA graph, cycling through 8 routings (no launch gaps, no L2 reuse);
+- `kernels`: each kernel's own time from the torch profiler, median over runs with L2 flushed.
+Bandwidth = bytes of the experts the tokens route to (every weight, scale and bias read once) /
+time, against a device-to-device copy (bytes read + written) measured in the same run. T = 1 also
+runs a sweep over tile sizes; T = 128 and 256 over pairs per tile.
+"""
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
+
+from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
+from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
+from tests.kernels.poison import poisoned_allocations
+
+HIDDEN = WIDTH = 2880
+NUM_SLOTS, PICKS = 32, 4
+TOKEN_COUNTS = (1, 4, 16, 128, 256)
+LIMIT, ALPHA = 7.0, 1.702
+KERNELS = ("_plan_kernel", "_gate_up_kernel", "_down_kernel", "_sum_picks_kernel")
+# MXFP4 steps divide K = 2880: 32 or 64 inputs
+TILE_SWEEP = [
+    Tiles(*shape)
+    for shape in ((32, 64, 4, 3), (32, 64, 4, 4), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3),
+                  (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4))
+]
+DENSE_TILE_SWEEP = [Tiles(32, 64, 4, 4), Tiles(64, 64, 4, 4), Tiles(64, 128, 4, 3), Tiles(128, 64, 4, 4)]
+
+
+def make_arenas(mxfp4: bool) -> dict[str, torch.Tensor]:
+    slots, h, w = NUM_SLOTS, HIDDEN, WIDTH
+    arenas = {
+        "gate_up_proj_bias": (torch.randn(slots, 2 * w, device="cuda") * 0.1).bfloat16(),
+        "down_proj_bias": (torch.randn(slots, h, device="cuda") * 0.1).bfloat16(),
+    }
+    if mxfp4:
+        # scales 2^-9 .. 2^-4, about the size of real gpt-oss expert weights
+        def uint8(low, high, *shape):
+            return torch.randint(low, high, shape, dtype=torch.uint8, device="cuda")
+
+        arenas["gate_up_proj_blocks"] = uint8(0, 256, slots, 2 * w, h // 32, 16)
+        arenas["gate_up_proj_scales"] = uint8(118, 124, slots, 2 * w, h // 32)
+        arenas["down_proj_blocks"] = uint8(0, 256, slots, h, w // 32, 16)
+        arenas["down_proj_scales"] = uint8(118, 124, slots, h, w // 32)
+    else:
+        arenas["gate_up_proj"] = (torch.randn(slots, h, 2 * w, device="cuda") * h**-0.5).bfloat16()
+        arenas["down_proj"] = (torch.randn(slots, w, h, device="cuda") * w**-0.5).bfloat16()
+    return arenas
+
+
+def make_routing(tokens: int, skip: float = 0.0):
+    """slots [T, k] distinct per token, a fraction `skip` of them -1 (never a token's first pick)."""
+    slots = torch.rand(tokens, NUM_SLOTS, device="cuda").topk(PICKS, dim=-1).indices
+    skipped = torch.rand(slots.shape, device="cuda") < skip
+    skipped[:, 0] = False
+    slots[skipped] = -1
+    weights = torch.softmax(torch.randn(tokens, PICKS, device="cuda"), dim=-1).bfloat16()
+    return slots, weights
+
+
+def expert_bytes(arenas: dict[str, torch.Tensor]) -> int:
+    return sum(t[0].numel() * t.element_size() for t in arenas.values())
+
+
+def bytes_read(arenas, slots) -> int:
+    return len(set(slots[slots >= 0].tolist())) * expert_bytes(arenas)
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy of 2 GiB, bytes read + written per second."""
+    source = torch.randint(0, 127, (2 * 2**30,), dtype=torch.int8, device="cuda")
+    target = torch.empty_like(source)
+    ms = do_bench(lambda: target.copy_(source), warmup=50, rep=300, return_mode="median")
+    return 2 * source.numel() / (ms * 1e-3)
+
+
+def check(arenas, tokens: int, config: LaunchConfig | None) -> dict:
+    hidden = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+    slots, weights = make_routing(tokens, skip=0.1)
+    with poisoned_allocations():
+        out = run_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, config)
+    ref = gpt_oss_experts_torch(hidden.float(), arenas, slots, weights.float(), LIMIT, ALPHA)
+    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2}
+
+
+def kernel_times(op, runs: int = 30) -> dict[str, float]:
+    """Median device time of each kernel, in microseconds, over runs with the L2 flushed first."""
+    op()
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # 4 times the L2
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(runs):
+            flush.zero_()
+            op()
+        torch.cuda.synchronize()
+    times = defaultdict(list)
+    for event in profile.events():
+        name = next((k for k in KERNELS if k in event.name), None)
+        if name and event.device_type == torch.autograd.DeviceType.CUDA:
+            times[name].append(event.time_range.elapsed_us())
+    if not times:
+        raise RuntimeError(f"no kernel events; seen: {sorted({e.name for e in profile.events()})[:20]}")
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def time_case(arenas, tokens: int, config: LaunchConfig | None) -> dict:
+    hidden = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+    routings = [make_routing(tokens) for _ in range(8)]
+    if tokens == 1:  # 8 disjoint sets of 4 experts: consecutive graph replays share nothing in L2
+        order = torch.randperm(NUM_SLOTS, device="cuda").view(8, 1, PICKS)
+        routings = [(order[i], weights) for i, (_, weights) in enumerate(routings)]
+    slots, weights = routings[0]
+    op = lambda: run_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, config)  # noqa: E731
+    calls = iter(range(10**9))
+
+    def rotating():
+        s, w = routings[next(calls) % len(routings)]
+        return run_experts(hidden, arenas, s, w, LIMIT, ALPHA, config)
+
+    op()
+    moved = bytes_read(arenas, slots)
+    moved_rotating = statistics.mean(bytes_read(arenas, s) for s, _ in routings)
+    op_ms = do_bench(op, warmup=25, rep=200, return_mode="median")
+    graph_ms = do_bench_cudagraph(rotating, rep=20, return_mode="median")  # unrolls rep / time calls
+    kernels = kernel_times(op)
+    projections_us = kernels.get("_gate_up_kernel", 0) + kernels.get("_down_kernel", 0)
+    return {
+        "bytes_read": moved,
+        "op_us": op_ms * 1e3,
+        "graph_us": graph_ms * 1e3,
+        "kernels_us": kernels,
+        "op_bandwidth": moved / (op_ms * 1e-3),
+        "graph_bandwidth": moved_rotating / (graph_ms * 1e-3),
+        "projection_kernels_bandwidth": moved / (projections_us * 1e-6) if projections_us else None,
+    }
+
+
+def attempt(function, *args) -> dict:
+    try:
+        return function(*args)
+    except Exception as error:  # a config that fails to compile is a result too
+        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+
+
+def profile_config(arenas, tokens: int, config: LaunchConfig) -> dict:
+    hidden = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+    slots, weights = make_routing(tokens)
+    return {"kernels_us": kernel_times(lambda: run_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, config))}
+
+
+def sweep_tiles(arenas, mxfp4: bool) -> list[dict]:
+    """T = 1: each candidate for both projections; the profiler separates the two kernels."""
+    rows = []
+    for tiles in TILE_SWEEP if mxfp4 else DENSE_TILE_SWEEP:
+        rows.append({"tiles": tiles.__dict__} | attempt(profile_config, arenas, 1, LaunchConfig(16, tiles, tiles)))
+        print(f"  sweep {tiles}: {rows[-1].get('kernels_us', rows[-1].get('error'))}", flush=True)
+    return rows
+
+
+def fastest_tiles(sweep: list[dict]) -> LaunchConfig:
+    """The sweep's fastest tiles for each projection, separately."""
+    timed = [row for row in sweep if "kernels_us" in row]
+    gate_up = min(timed, key=lambda row: row["kernels_us"]["_gate_up_kernel"])["tiles"]
+    down = min(timed, key=lambda row: row["kernels_us"]["_down_kernel"])["tiles"]
+    return LaunchConfig(16, Tiles(**gate_up), Tiles(**down))
+
+
+def sweep_pairs_per_tile(arenas, mxfp4: bool) -> list[dict]:
+    rows = []
+    for tokens in (128, 256):
+        for block_m in (16, 32, 64):
+            base = pick_config(tokens * PICKS, mxfp4)
+            config = LaunchConfig(block_m, base.gate_up, base.down)
+            row = {"tokens": tokens, "pairs_per_tile": block_m}
+            row |= {"check": attempt(check, arenas, tokens, config)} | attempt(profile_config, arenas, tokens, config)
+            rows.append(row)
+            print(f"  T={tokens} BLOCK_M={block_m}: {row.get('kernels_us', row.get('error'))}", flush=True)
+    return rows
+
+
+def main(out_path: str) -> None:
+    started = time.time()
+    torch.manual_seed(0)
+    copy = copy_bandwidth()
+    report = {
+        "machine": machine(),
+        "command": "python3 " + " ".join(sys.argv),
+        "shapes": {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS, "routing": "uniform random"},
+        "copy_bandwidth": copy,
+        "floor": "bytes of the routed experts / copy bandwidth (read + write counted)",
+        "cases": [],
+        "sweeps": {},
+    }
+    print(f"device-to-device copy: {copy / 1e12:.2f} TB/s", flush=True)
+
+    def save():  # after every step: a run stopped at its time limit still leaves its results
+        report["seconds"] = time.time() - started
+        Path(out_path).write_text(json.dumps(report, indent=1))
+
+    for mxfp4 in (True, False):
+        fmt = "mxfp4" if mxfp4 else "bf16"
+        arenas = make_arenas(mxfp4)
+        report["expert_bytes_" + fmt] = expert_bytes(arenas)
+        sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
+        save()
+        configs = [(tokens, None) for tokens in TOKEN_COUNTS]
+        if any("kernels_us" in row for row in sweep):
+            configs.append((1, fastest_tiles(sweep)))
+        for tokens, config in configs:
+            config_used = config or pick_config(tokens * PICKS, mxfp4)
+            case = {"format": fmt, "tokens": tokens, "config": repr(config_used), "tuned": config is not None}
+            case["check"] = attempt(check, arenas, tokens, config)
+            case |= attempt(time_case, arenas, tokens, config)
+            if "op_bandwidth" in case:
+                case["floor_us"] = case["bytes_read"] / copy * 1e6
+                case["fraction_of_copy_bandwidth"] = {
+                    key: case[key] / copy
+                    for key in ("op_bandwidth", "graph_bandwidth", "projection_kernels_bandwidth")
+                    if case[key]
+                }
+            report["cases"].append(case)
+            print_case(case)
+            save()
+        report["sweeps"][fmt + "_pairs_per_tile"] = sweep_pairs_per_tile(arenas, mxfp4)
+        save()
+        del arenas
+        torch.cuda.empty_cache()
+    report["compiled"] = attempt(compiled_resources)
+    save()
+    print(f"wrote {out_path} after {report['seconds']:.0f} s")
+
+
+def compiled_resources() -> dict:
+    """Registers, spills and shared memory of every compiled kernel variant."""
+    from app.kernels import expert_tiles, gpt_oss_experts_triton
+
+    resources = {}
+    for name in KERNELS:
+        kernel = getattr(gpt_oss_experts_triton, name, None) or getattr(expert_tiles, name)
+        for caches in kernel.device_caches.values():
+            resources[name] = [
+                {"regs": k.n_regs, "spills": k.n_spills, "shared": k.metadata.shared, "warps": k.metadata.num_warps}
+                for k in caches[0].values()
+            ]
+    return resources
+
+
+def print_case(case: dict) -> None:
+    title = f"{case['format']:5} T={case['tokens']:3}{' tuned' if case['tuned'] else ''}"
+    if "error" in case:
+        print(f"{title} {case['config']}: {case['error'][:500]}", flush=True)
+        return
+    kernels = {name[1:-7]: round(us, 1) for name, us in case["kernels_us"].items()}
+    fractions = {key.split("_")[0]: round(value, 2) for key, value in case["fraction_of_copy_bandwidth"].items()}
+    print(
+        f"{title} error={case['check'].get('relative_error', case['check'])} op={case['op_us']:.1f}us "
+        f"graph={case['graph_us']:.1f}us floor={case['floor_us']:.1f}us kernels={kernels} fractions={fractions}",
+        flush=True,
+    )
+
+
+def machine() -> dict:
+    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"]
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "nvidia_smi": subprocess.run(query, capture_output=True, text=True).stdout.strip(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "python": sys.version.split()[0],
+    }
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,123 @@
+"""The Triton GPT-OSS experts against the torch reference, in Triton's interpreter (see conftest.py)."""
+
+import warnings
+
+import pytest
+import torch
+
+from app.kernels import gpt_oss_experts_triton
+from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_op, gpt_oss_experts_torch
+from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles
+from tests.kernels.poison import poisoned_allocations
+
+HIDDEN, WIDTH = 96, 96  # multiples of 32 (MXFP4 groups) that leave K tails for the dense 64- and 128-wide steps
+LIMIT, ALPHA = 7.0, 1.702
+# wider tiles than the default: 32 pairs per tile (prefill) and a feature tail (2 * WIDTH % 128); the grid runs
+# them with a hidden size of 128, so that MXFP4 gate_up steps take two groups (the default shape has dense
+# feature tails: HIDDEN % 64)
+WIDE = LaunchConfig(32, Tiles(128, 64), Tiles(64, 128))
+
+
+def random_arenas(
+    num_slots: int, mxfp4: bool, generator: torch.Generator, hidden: int = HIDDEN
+) -> dict[str, torch.Tensor]:
+    def normal(*shape, std=1.0):
+        return (torch.randn(shape, generator=generator) * std).to(torch.bfloat16)
+
+    def uint8(low, high, *shape):
+        return torch.randint(low, high, shape, generator=generator, dtype=torch.uint8)
+
+    arenas = {"gate_up_proj_bias": normal(num_slots, 2 * WIDTH), "down_proj_bias": normal(num_slots, hidden)}
+    if mxfp4:
+        # scales 2^-8 .. 2^-3 keep the products of random e2m1 values in SwiGLU's interesting range
+        arenas |= {
+            "gate_up_proj_blocks": uint8(0, 256, num_slots, 2 * WIDTH, hidden // 32, 16),
+            "gate_up_proj_scales": uint8(119, 125, num_slots, 2 * WIDTH, hidden // 32),
+            "down_proj_blocks": uint8(0, 256, num_slots, hidden, WIDTH // 32, 16),
+            "down_proj_scales": uint8(119, 125, num_slots, hidden, WIDTH // 32),
+        }
+    else:
+        arenas |= {
+            "gate_up_proj": normal(num_slots, hidden, 2 * WIDTH, std=hidden**-0.5),
+            "down_proj": normal(num_slots, WIDTH, hidden, std=WIDTH**-0.5),
+        }
+    return arenas
+
+
+def random_routing(tokens: int, picks: int, num_slots: int, generator: torch.Generator):
+    """slots [T, k] (distinct per token; about a fifth -1, but not token 0's first; all of token 1's),
+    weights [T, k]."""
+    slots = torch.stack([torch.randperm(num_slots, generator=generator)[:picks] for _ in range(tokens)])
+    first = slots[0, 0].item()
+    slots[torch.rand(slots.shape, generator=generator) < 0.2] = -1
+    slots[0, 0] = first
+    if tokens > 1:
+        slots[1] = -1
+    weights = torch.softmax(torch.randn(tokens, picks, generator=generator), dim=-1)
+    return slots, weights
+
+
+def run_kernel(*args, config: LaunchConfig | None = None) -> torch.Tensor:
+    with poisoned_allocations(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "overflow encountered in exp")  # numpy's sigmoid of large -x
+        if config is None:
+            return gpt_oss_experts(*args, LIMIT, ALPHA)
+        return gpt_oss_experts_triton.run_experts(*args, LIMIT, ALPHA, config)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+GRID = [
+    (tokens, picks, num_slots, mxfp4, None, HIDDEN)
+    for tokens in (1, 5, 16, 40) for picks in (2, 4) for num_slots in (4, 9) for mxfp4 in (True, False)
+] + [(tokens, 4, 9, mxfp4, WIDE, 128) for tokens in (5, 40) for mxfp4 in (True, False)]
+
+
+@pytest.mark.parametrize(("tokens", "picks", "num_slots", "mxfp4", "config", "hidden_size"), GRID)
+def test_kernel_matches_reference(tokens, picks, num_slots, mxfp4, config, hidden_size):
+    seed = tokens * 1000 + picks * 100 + num_slots * 10 + 2 * mxfp4 + (config is WIDE)
+    generator = torch.Generator().manual_seed(seed)
+    arenas = random_arenas(num_slots, mxfp4, generator, hidden_size)
+    slots, weights = random_routing(tokens, picks, num_slots, generator)
+    hidden = torch.randn(tokens, hidden_size, generator=generator)
+    out = run_kernel(hidden, arenas, slots, weights, config=config)
+    ref = gpt_oss_experts_torch(hidden, arenas, slots, weights, LIMIT, ALPHA)
+    assert out.shape == ref.shape and out.dtype == hidden.dtype
+    assert not out.isnan().any()
+    # float32 activations reach tl.dot_scaled as two bf16 parts: about 16 bits of mantissa
+    assert relative_error(out, ref) < (1e-4 if mxfp4 else 1e-5)
+    if tokens > 1:
+        assert (out[1] == 0).all()  # all its picks skipped
+
+
+@pytest.mark.parametrize("mxfp4", [True, False], ids=["mxfp4", "bf16"])
+def test_bfloat16_hidden_matches_float32_reference(mxfp4):
+    generator = torch.Generator().manual_seed(11)
+    arenas = random_arenas(6, mxfp4, generator)
+    slots, weights = random_routing(12, 4, 6, generator)
+    hidden = torch.randn(12, HIDDEN, generator=generator).to(torch.bfloat16)
+    out = run_kernel(hidden, arenas, slots, weights.to(torch.bfloat16))
+    ref = gpt_oss_experts_torch(hidden.float(), arenas, slots, weights, LIMIT, ALPHA)
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out, ref) < 2e-2
+
+
+def test_long_inputs_run_in_chunks_of_pairs(monkeypatch):
+    generator = torch.Generator().manual_seed(5)
+    arenas = random_arenas(5, True, generator)
+    slots, weights = random_routing(9, 2, 5, generator)
+    hidden = torch.randn(9, HIDDEN, generator=generator)
+    monkeypatch.setattr(gpt_oss_experts_triton, "MAX_PAIRS", 8)  # 4 tokens per launch
+    out = run_kernel(hidden, arenas, slots, weights)
+    ref = gpt_oss_experts_torch(hidden, arenas, slots, weights, LIMIT, ALPHA)
+    assert relative_error(out, ref) < 1e-4
+
+
+def test_op_is_the_kernel_on_cuda_and_when_interpreting_else_the_reference(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert gpt_oss_experts_op(torch.device("cpu")) is gpt_oss_experts_torch
+    assert gpt_oss_experts_op(torch.device("cuda")) is gpt_oss_experts
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert gpt_oss_experts_op(torch.device("cpu")) is gpt_oss_experts
