@@ -140,11 +140,15 @@ class ChatStore:
     def branch(self, chat_id: int) -> list[Message]:
         """The current branch, root first."""
         row = self.db.execute("SELECT leaf_id FROM chats WHERE id = ?", (chat_id,)).fetchone()
-        path, current = [], row["leaf_id"] if row else None
-        while current is not None:
-            message = self.message(current)
+        return self.path_to(row["leaf_id"] if row else None)
+
+    def path_to(self, message_id: int | None) -> list[Message]:
+        """The messages from the root down to `message_id`."""
+        path = []
+        while message_id is not None:
+            message = self.message(message_id)
             path.append(message)
-            current = message.parent_id
+            message_id = message.parent_id
         return path[::-1]
 
     def all_messages(self, chat_id: int) -> list[Message]:

@@ -13,10 +13,9 @@ from app.ui.engine_client import EngineClient
 
 
 class ChatPanel(QWidget):
-    """Signals: chats_changed() when a chat was created or got its title; answer_started(request_id)."""
+    """Signals: chats_changed() when a chat was created."""
 
     chats_changed = Signal()
-    answer_started = Signal(int)
 
     def __init__(self, store: ChatStore, client: EngineClient, settings: ChatSettingsPanel,
                  parent: QWidget | None = None):
@@ -138,7 +137,6 @@ class ChatPanel(QWidget):
         self.answer = Answer(self.store, self.chat_id, question_id, request_id)
         self.render()
         self._update_buttons()
-        self.answer_started.emit(request_id)
 
     # the engine's side
 

@@ -6,7 +6,7 @@ the engine finishes, is stopped, or dies, so a partial answer is never lost.
 
 import time
 
-from app.chats import ChatStore, Message
+from app.chats import ChatStore
 from app.engine.protocol import Done, Tokens
 
 DEFAULT_SETTINGS = {
@@ -30,20 +30,10 @@ def title_for(text: str) -> str:
     return words if len(words) <= TITLE_CHARS else words[: TITLE_CHARS - 1].rstrip() + "…"
 
 
-def path_to(store: ChatStore, message_id: int | None) -> list[Message]:
-    """The messages from the root down to `message_id`."""
-    path = []
-    while message_id is not None:
-        message = store.message(message_id)
-        path.append(message)
-        message_id = message.parent_id
-    return path[::-1]
-
-
 def engine_messages(store: ChatStore, last_id: int, system_prompt: str) -> list[dict]:
     """The conversation up to `last_id` as the engine's chat messages (reasoning is not sent back)."""
     system = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
-    return system + [{"role": m.role, "content": m.content} for m in path_to(store, last_id)]
+    return system + [{"role": m.role, "content": m.content} for m in store.path_to(last_id)]
 
 
 class Answer:
