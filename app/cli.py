@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     generate.add_argument("--gpu-budget", type=_size, help="bytes the engine may use on the device, e.g. 8G")
     generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
+    generate.add_argument("--spec", choices=("off", "dflash", "mtp"), default="off",
+                          help="speculative decoding: a DFlash drafter (--drafter), or GLM's own MTP layer")
+    generate.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash)")
+    generate.add_argument("--block-size", type=_positive_int,
+                          help="positions every speculative step verifies (default: chosen per step by cost)")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
     download = commands.add_parser("download", help="download a model from the Hugging Face hub (resumable)")
@@ -92,6 +97,7 @@ def _token_ids(text: str) -> list[int]:
 def _run_generate(args) -> int:
     from app.engine.sampling import SamplingParams
     from app.engine.session import Prompt, Session, collect
+    from app.engine.spec.options import SpecOptions
 
     if args.prompt_ids is not None:
         prompt = Prompt(token_ids=args.prompt_ids)
@@ -103,7 +109,7 @@ def _run_generate(args) -> int:
         prompt = Prompt(text=args.prompt)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     session, ids = Session.open(
-        args.model, prompt, args.max_new_tokens,
+        args.model, prompt, args.max_new_tokens, spec=SpecOptions(args.spec, args.drafter, args.block_size),
         device=args.device, dtype=dtype, gpu_budget=args.gpu_budget, ram_budget=args.ram_budget,
     )
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)

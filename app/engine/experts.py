@@ -144,8 +144,9 @@ class ExpertCache:
         return slots
 
     def prefetch(self, layer: int, experts: list[int]) -> None:
-        """Start copying the experts a later layer is predicted to use; remember the prediction."""
-        self._predicted[layer] = set(experts)
+        """Start copying the experts a later layer is predicted to use; remember the prediction (joined
+        with earlier ones for the same run of that layer: every copy started counts)."""
+        self._predicted.setdefault(layer, set()).update(experts)
         for expert in experts:
             key = (layer, expert)
             if key in self._slot_of:
@@ -155,12 +156,13 @@ class ExpertCache:
             self.stats.bytes_fetched += self.store.expert_bytes
             self.stats.disk_reads += self.store.is_on_disk(*key)
 
-    def lookahead_layers(self, layer: int, num_tokens: int) -> tuple[int, ...]:
-        """Later MoE layers whose experts the model should predict now (none when all are resident)."""
+    def lookahead_layers(self, layer: int | None, num_tokens: int) -> tuple[int, ...]:
+        """MoE layers whose experts the model should predict now: the next ones after `layer`, or the
+        first ones when a pass has not started yet (`layer` None). None when all are resident."""
         if self.complete or num_tokens > PREFETCH_MAX_TOKENS:
             return ()
-        position = self.store.layers.index(layer)
-        return self.store.layers[position + 1 : position + 1 + self.prefetch_layers]
+        start = 0 if layer is None else self.store.layers.index(layer) + 1
+        return self.store.layers[start : start + self.prefetch_layers]
 
     def groups(self, layer: int, experts: list[int]) -> Iterator[tuple[list[int], list[int]]]:
         """(experts, slots) in groups that fit the cache, each fetched just before it is used."""

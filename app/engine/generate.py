@@ -5,7 +5,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from app.engine.cuda_graph import DecodeGraph
+from app.engine.cuda_graph import DecodeGraph, graph_ready
+from app.engine.experts import CacheStats
 from app.engine.kv_cache import KVCache
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler
@@ -21,18 +22,28 @@ def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
         raise UserError(f"token id {bad[0]} is outside the vocabulary (0 … {vocab_size - 1})")
 
 
-def prefill(model, cache: KVCache, prompt_ids: list[int]) -> torch.Tensor:
-    """Run the prompt through the model in chunks; return the logits of its last position [V]."""
+def prefill(
+    model, cache: KVCache, prompt_ids: list[int], capture: tuple[int, ...] = (),
+    on_features: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """Run the prompt through the model in chunks; return the logits of its last position [V]. With
+    `capture` (layer indices), each chunk's features [chunk, F] go to `on_features` (see the model's
+    forward)."""
     ids = torch.tensor(prompt_ids, device=model.device)
     for start in range(0, len(ids), PREFILL_CHUNK):
-        logits = model.forward(ids[start : start + PREFILL_CHUNK], cache, last_only=True)
+        chunk = ids[start : start + PREFILL_CHUNK]
+        if capture:
+            logits, features = model.forward(chunk, cache, last_only=True, capture=capture)
+            on_features(features)
+        else:
+            logits = model.forward(chunk, cache, last_only=True)
     return logits[-1]
 
 
 def decode_step(model, cache: KVCache) -> Callable[[int], torch.Tensor]:
     """token -> its logits [V]. A captured CUDA graph when routing needs no host work (every
     expert resident on a GPU), else the eager forward."""
-    if model.device.type == "cuda" and model.experts.complete and getattr(model, "graph_safe", True):
+    if graph_ready(model):
         return DecodeGraph(model, cache).step
 
     def eager(token: int) -> torch.Tensor:
@@ -61,23 +72,36 @@ def generate(
         emitted = 1
         while True:
             yield Tokens([token])
-            if token in stop_ids:
-                reason = "stop"
-                break
-            if emitted >= max_new_tokens:
-                reason = "length"
-                break
-            if cache.length >= cache.capacity:
-                reason = "context"
+            reason = stop_reason(token, emitted, max_new_tokens, stop_ids, cache.length, cache.capacity)
+            if reason:
                 break
             token = sampler.sample(decode(token))
             emitted += 1
-    finished = time.perf_counter()
-    decode_seconds = finished - first_token_at
-    yield Done(reason, {
-        "prefill_tokens": len(prompt_ids),
+    yield Done(reason, generation_stats(model, len(prompt_ids), emitted, started, first_token_at, stats_before))
+
+
+def stop_reason(
+    token: int, emitted: int, max_new_tokens: int, stop_ids: list[int], cache_length: int, capacity: int
+) -> str | None:
+    """Why the generation ends once `token` is out as its `emitted`-th token (the cache then holds
+    `cache_length` tokens, the prompt and every emitted token but this one), or None."""
+    if token in stop_ids:
+        return "stop"
+    if emitted >= max_new_tokens:
+        return "length"
+    if cache_length >= capacity:
+        return "context"
+    return None
+
+
+def generation_stats(model, prompt_tokens: int, emitted: int, started: float, first_token_at: float,
+                     stats_before: CacheStats) -> dict:
+    """Done's statistics: the first token comes from the prefill, the others from decode steps."""
+    decode_seconds = time.perf_counter() - first_token_at
+    return {
+        "prefill_tokens": prompt_tokens,
         "decode_tokens": emitted - 1,
         "ttft_s": first_token_at - started,
         "decode_tok_s": (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0,
         "expert_cache": model.experts.snapshot().since(stats_before).as_dict(),
-    })
+    }

@@ -5,13 +5,31 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
+class SpecStep:
+    """One speculative step: it verified `block_size` positions (the anchor token and block_size - 1
+    drafts) in one target pass and kept `accepted` drafts; the expert cache during that step."""
+
+    block_size: int
+    accepted: int
+    experts_per_layer: float  # distinct experts the step touched, per MoE layer
+    hits: int
+    misses: int
+    bytes_fetched: int
+    prefetch_coverage: float
+    prefetch_waste: float
+
+
+@dataclass(frozen=True, slots=True)
 class Tokens:
     """Tokens emitted by one decode step, and their text as ("reasoning" | "answer", text) pieces
-    once a tokenizer has parsed them."""
+    once a tokenizer has parsed them. With speculation, `drafted[i]` says whether token i was an
+    accepted draft (the last token of a step never is) and `spec` describes the step."""
 
     token_ids: list[int]
     pieces: list[tuple[str, str]] = field(default_factory=list)
     request_id: int = 0
+    drafted: list[bool] = field(default_factory=list)
+    spec: SpecStep | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """One request end to end: prompt (text, chat or raw ids) -> tokens -> reasoning/answer text."""
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.engine.generate import check_prompt, generate
@@ -9,9 +9,14 @@ from app.engine.loader import LoadedModel, load_model
 from app.engine.output_parser import ANSWER
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler, SamplingParams
+from app.engine.spec.dflash import DFlashSpeculation
+from app.engine.spec.generate import speculative_generate
+from app.engine.spec.options import SpecOptions
 from app.engine.tokenizer import ChatTokenizer
 from app.errors import UserError
 from app.model_folder import ModelFolder
+
+NO_SPECULATION = SpecOptions()
 
 
 @dataclass(frozen=True)
@@ -35,11 +40,13 @@ def prompt_ids(tokenizer: ChatTokenizer | None, prompt: Prompt) -> list[int]:
 
 
 class Session:
-    """A loaded model and its tokenizer, answering one request at a time."""
+    """A loaded model and its tokenizer (and drafter, when it speculates), answering one request at a time."""
 
-    def __init__(self, loaded: LoadedModel, tokenizer: ChatTokenizer | None):
+    def __init__(self, loaded: LoadedModel, tokenizer: ChatTokenizer | None,
+                 speculation: DFlashSpeculation | None = None):
         self.loaded = loaded
         self.tokenizer = tokenizer
+        self.speculation = speculation
 
     @classmethod
     def load(cls, path: str | Path, **load_options) -> "Session":
@@ -58,29 +65,45 @@ class Session:
         return ids
 
     @classmethod
-    def open(cls, path: str | Path, prompt: Prompt, max_new_tokens: int, **load_options) -> "tuple[Session, list[int]]":
-        """Load a model sized for this prompt: the context holds the prompt and the answer."""
+    def open(
+        cls, path: str | Path, prompt: Prompt, max_new_tokens: int, spec: SpecOptions = NO_SPECULATION,
+        dtype: str = "bfloat16", gpu_budget: int | None = None, **load_options,
+    ) -> "tuple[Session, list[int]]":
+        """Load a model sized for this prompt: the context holds the prompt and the answer. With
+        speculation, the drafter's device bytes come out of `gpu_budget` first."""
         folder = ModelFolder.open(path)
         tokenizer = ChatTokenizer.load(folder.path)
         ids = prompt_ids(tokenizer, prompt)
         if not ids:
             raise UserError("the prompt is empty: give some text or token ids")
-        loaded = load_model(folder, context=len(ids) + max_new_tokens, **load_options)
+        context = len(ids) + max_new_tokens
+        speculation = DFlashSpeculation(spec.drafter, spec.block_size) if spec.method == "dflash" else None
+        if speculation:
+            gpu_budget = speculation.budget_left(gpu_budget, context, dtype)
+        loaded = load_model(folder, context=context, dtype=dtype, gpu_budget=gpu_budget, **load_options)
         check_prompt(ids, loaded.model.config.vocab_size)
-        return cls(loaded, tokenizer), ids
+        if speculation:
+            speculation.load(loaded.model)
+        return cls(loaded, tokenizer, speculation), ids
 
     def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int) -> Iterator[Tokens | Done]:
         model = self.loaded.model
         cache = model.new_kv_cache(min(len(ids) + max_new_tokens, self.loaded.context))
         parser = self.tokenizer.output_parser(ids) if self.tokenizer else None
         sampler = Sampler(sampling, model.device)
-        for event in generate(model, cache, ids, sampler, max_new_tokens, self.loaded.folder.stop_token_ids()):
+        stop_ids = self.loaded.folder.stop_token_ids()
+        if self.speculation:
+            events = speculative_generate(model, cache, ids, sampler, max_new_tokens, stop_ids,
+                                          self.speculation.new_drafter(cache.capacity), self.speculation.block_size)
+        else:
+            events = generate(model, cache, ids, sampler, max_new_tokens, stop_ids)
+        for event in events:
             if isinstance(event, Done):
                 if parser:
                     yield Tokens([], parser.finish())
                 yield event
             else:
-                yield Tokens(event.token_ids, parser.feed(event.token_ids) if parser else [])
+                yield replace(event, pieces=parser.feed(event.token_ids) if parser else [])
 
 
 def collect(events: Iterator[Tokens | Done]) -> dict:

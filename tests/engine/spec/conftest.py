@@ -1,11 +1,22 @@
 import json
 
 import pytest
+import torch
 
 from app.engine.loader import load_model
 from app.engine.spec.dflash import DFlashSpeculation
 from app.model_folder import ModelFolder
 from tests.fixtures.tiny_dflash import write_tiny_dflash
+
+
+@pytest.fixture(scope="package", autouse=True)
+def one_thread():
+    """Tiny models in many small steps: torch's intra-op threads cost more than they save, and far more
+    when other processes share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import GptOssForCausalLM
 
-from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
 from app.engine.sampling import Sampler, SamplingParams
+from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
 from app.errors import UserError
 from tests.fixtures.tiny_dflash import write_tiny_dflash
 
@@ -49,7 +49,8 @@ def reference_draft_logits(drafter_folder, features, block, embed, lm_head) -> t
     only, keys/values = cat[k_proj(c), k_proj(norm(h_block))], q/k RMSNorm per head, RoPE on q (block
     positions) and on all keys (context + block positions), no mask; logits of positions 1 … B - 1."""
     config = target_config(drafter_folder)
-    w = {name.removeprefix("model."): t.float() for name, t in load_file(str(drafter_folder / "model.safetensors")).items()}
+    stored = load_file(str(drafter_folder / "model.safetensors"))
+    w = {name.removeprefix("model."): t.float() for name, t in stored.items()}
     heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
     eps, theta = config["rms_norm_eps"], config["rope_theta"]
 

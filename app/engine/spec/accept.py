@@ -1,0 +1,43 @@
+"""Which drafts a verify keeps, and the token after them: rules under which the emitted tokens follow
+exactly the target's distribution (its temperature / top-k / top-p included).
+
+- One-hot proposals (a deterministic drafter): draw the target's own token y_i at every block
+  position, keep drafts while d_i == y_i, emit y at the first mismatch (or at the last position when
+  every draft is kept). At each position this keeps d with probability p(d) and otherwise emits a
+  token of p with d removed, renormalised: Leviathan / Chen's rule for q = one-hot(d). Greedy is the
+  case p = one-hot(argmax).
+- Sampled proposals d_i ~ q_i: keep with probability min(1, p_i(d_i) / q_i(d_i)); on the first
+  rejection emit a token of norm(max(p_i - q_i, 0)); when every draft is kept, the bonus token comes
+  from p at the last position.
+"""
+
+import torch
+
+from app.engine.sampling import Sampler
+
+
+def accept_one_hot(drafts: list[int], target_logits: torch.Tensor, sampler: Sampler) -> tuple[int, int]:
+    """drafts [B - 1], target_logits [B, V] of the verify -> (drafts kept, the token that follows them).
+    The y_i are drawn independently; those after the first mismatch are never looked at."""
+    targets = sampler.sample_each(target_logits)
+    for position, (draft, target) in enumerate(zip(drafts, targets, strict=False)):
+        if draft != target:
+            return position, target
+    return len(drafts), targets[-1]
+
+
+def accept_sampled(
+    drafts: list[int], draft_probs: torch.Tensor, target_probs: torch.Tensor, sampler: Sampler
+) -> tuple[int, int]:
+    """drafts [B - 1] drawn from draft_probs [B - 1, V]; target_probs [B, V] -> (drafts kept, next token)."""
+    positions = torch.arange(len(drafts), device=target_probs.device)
+    tokens = torch.tensor(drafts, device=target_probs.device)
+    p, q = target_probs[positions, tokens], draft_probs[positions, tokens]
+    uniform = torch.rand(len(drafts), generator=sampler.generator, device=target_probs.device)
+    kept = int((uniform * q < p).cumprod(0).sum())  # u < p / q, without dividing; q(d) > 0 as d was drawn from q
+    if kept == len(drafts):
+        return kept, sampler.draw(target_probs[-1:])[0]
+    residual = (target_probs[kept] - draft_probs[kept]).clamp_min(0)
+    # p <= q everywhere means p == q, which never rejects; rounding can, so fall back to p itself
+    residual = residual if residual.sum() > 0 else target_probs[kept]
+    return kept, sampler.draw((residual / residual.sum())[None])[0]

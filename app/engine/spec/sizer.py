@@ -1,0 +1,105 @@
+"""The cost-aware block size of each speculative step: running statistics of the generation so far
+(how often each draft position is kept, what steps cost, how many experts they copied) turned into the
+inputs of `policy.choose_block_size`."""
+
+from collections import Counter
+
+import torch
+
+from app.engine.experts import ExpertCache
+from app.engine.spec.policy import StepCosts, choose_block_size, expected_fetches
+from app.plan import Hardware
+
+FADE = 0.95  # weight of the past per new observation: acceptance and cache state move with the text
+PRIOR_ACCEPTANCE = 0.5  # for the first draft position before any verify; later positions start at the one before
+PRIOR_WEIGHT = 2.0  # observations' worth of the prior
+PROBE_AFTER = 32  # plain steps in a row, then one block of 2 checks whether drafting pays again
+FETCH_BANDWIDTH = {"cuda": Hardware().link_bps, "cpu": 10e9}  # bytes/s before steps are timed; on CPU a memcpy
+
+
+class AcceptanceRates:
+    """Per draft position, the faded share of steps that reached it and kept it."""
+
+    def __init__(self, drafts: int):
+        self.reached = [0.0] * drafts
+        self.kept = [0.0] * drafts
+
+    def record(self, block_size: int, accepted: int) -> None:
+        for i in range(min(accepted + 1, block_size - 1)):  # the kept drafts and the first rejected one
+            self.reached[i] = FADE * self.reached[i] + 1
+            self.kept[i] = FADE * self.kept[i] + (i < accepted)
+
+    def rates(self) -> list[float]:
+        rates, prior = [], PRIOR_ACCEPTANCE
+        for reached, kept in zip(self.reached, self.kept, strict=True):
+            prior = (kept + PRIOR_WEIGHT * prior) / (reached + PRIOR_WEIGHT)
+            rates.append(prior)
+        return rates
+
+
+class StepCostFit:
+    """seconds ≈ single·[B = 1] + verify·[B > 1] + position·B·[B > 1] + fetch·(experts copied), by least
+    squares over recent steps (older ones fade). Until steps at several block sizes tell them apart, a
+    verify's time is put on its fixed part rather than on its positions (a batch-1 pass on a GPU reads
+    the same weights whatever B is); the fetch term is held near its prior (expert bytes / bandwidth)
+    with the weight of one step that copies `prior_copies` experts, until steps say otherwise."""
+
+    def __init__(self, fetch_s: float, prior_copies: int):
+        self.gram = torch.zeros(4, 4, dtype=torch.float64)
+        self.moment = torch.zeros(4, dtype=torch.float64)
+        self.prior = torch.tensor([0.0, 0.0, 0.0, fetch_s], dtype=torch.float64)
+        weights = [1e-9, 1e-9, 1e-3, float(prior_copies) ** 2]
+        self.prior_weight = torch.diag(torch.tensor(weights, dtype=torch.float64))
+
+    def add(self, block_size: int, fetched: float, seconds: float) -> None:
+        single = float(block_size == 1)
+        row = torch.tensor([single, 1 - single, (1 - single) * block_size, fetched], dtype=torch.float64)
+        self.gram = FADE * self.gram + torch.outer(row, row)
+        self.moment = FADE * self.moment + row * seconds
+
+    def costs(self) -> StepCosts:
+        fitted = torch.linalg.solve(self.gram + self.prior_weight, self.moment + self.prior_weight @ self.prior)
+        return StepCosts(*fitted.clamp_min(0).tolist())
+
+
+class BlockSizer:
+    """`choose(room)` before a step, `record(...)` after it. The first step verifies as many positions
+    as allowed and the second one, so both kinds of step are timed before the policy decides."""
+
+    def __init__(self, experts: ExpertCache, top_k: int, max_block: int, fetch_bandwidth: float | None = None):
+        self.experts = experts
+        self.top_k = top_k
+        self.acceptance = AcceptanceRates(max_block - 1)
+        bandwidth = fetch_bandwidth or FETCH_BANDWIDTH[experts.device.type]
+        self.costs = StepCostFit(experts.store.expert_bytes / bandwidth, top_k * len(experts.store.layers))
+        self.locality = 1.0
+        self.timed = Counter()  # steps recorded, by "single" / "verify"
+        self.plain_streak = 0
+        self._uniform_fetches: list[float] = []
+
+    def choose(self, room: int) -> int:
+        """The block size of the next step, at most `room` (≥ 1)."""
+        store = self.experts.store
+        resident = Counter(layer for layer, _ in self.experts.resident())
+        missing = [store.num_experts - resident[layer] for layer in store.layers]
+        self._uniform_fetches = expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)
+        if room == 1:
+            return 1
+        if not self.timed["verify"]:
+            return room
+        if not self.timed["single"]:
+            return 1
+        if self.plain_streak >= PROBE_AFTER:
+            return 2
+        fetches = [self.locality * f for f in self._uniform_fetches]
+        return choose_block_size(self.acceptance.rates(), fetches, self.costs.costs())
+
+    def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
+        """What the step chosen last did: drafts kept, wall time, experts copied to the device."""
+        self.acceptance.record(block_size, accepted)
+        self.costs.add(block_size, fetched, seconds)
+        self.timed["single" if block_size == 1 else "verify"] += 1
+        self.plain_streak = self.plain_streak + 1 if block_size == 1 else 0
+        predicted = self._uniform_fetches[block_size - 1]
+        if predicted > 0:
+            self.locality = FADE * self.locality + (1 - FADE) * fetched / predicted

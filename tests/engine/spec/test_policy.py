@@ -1,0 +1,95 @@
+"""The cost-aware block size: the pure policy on hand-computed cases, and the running statistics that
+feed it (steps timed by the test, so every decision is deterministic)."""
+
+import pytest
+
+from app.engine.spec.policy import StepCosts, choose_block_size, expected_fetches, expected_tokens
+from app.engine.spec.sizer import PROBE_AFTER, BlockSizer
+
+FREE_FETCHES = [0.0] * 8
+
+
+def test_expected_tokens_multiply_the_chance_of_reaching_each_draft():
+    assert expected_tokens([]) == [1.0]
+    assert expected_tokens([0.5, 0.5, 1.0]) == [1.0, 1.5, 1.75, 2.0]
+
+
+def test_expected_fetches_grow_with_the_union_of_experts_and_vanish_when_all_are_resident():
+    assert expected_fetches([0, 0, 0], num_experts=8, top_k=2, max_block=4, locality=1.0) == [0.0] * 4
+    all_missing = expected_fetches([8, 8], num_experts=8, top_k=2, max_block=3, locality=1.0)
+    # per layer: 8 · (1 − (6/8)^B): 2, 3.5, 4.625
+    assert all_missing == pytest.approx([4.0, 7.0, 9.25])
+    half = expected_fetches([4, 4], num_experts=8, top_k=2, max_block=3, locality=0.5)
+    assert half == pytest.approx([x / 4 for x in all_missing])
+
+
+def test_high_acceptance_and_free_verification_take_the_longest_block():
+    costs = StepCosts(single_s=1.0, verify_s=1.0, position_s=0.0, fetch_s=0.0)
+    assert choose_block_size([0.9] * 7, FREE_FETCHES, costs) == 8
+
+
+def test_drafts_that_are_never_kept_mean_no_speculation():
+    costs = StepCosts(single_s=1.0, verify_s=1.0, position_s=0.01, fetch_s=0.0)
+    assert choose_block_size([0.0] * 7, FREE_FETCHES, costs) == 1
+
+
+def test_expert_fetches_cut_the_block_where_another_position_stops_paying():
+    costs = StepCosts(single_s=1.0, verify_s=1.0, position_s=0.0, fetch_s=1.0)
+    # tokens 1, 1.9, 2.71, 3.439, 4.095 over seconds 2, 3, 4, 5, 6: B = 4 gives the most per second
+    assert choose_block_size([0.9] * 4, [1.0, 2.0, 3.0, 4.0, 5.0], costs) == 4
+    assert choose_block_size([0.9] * 4, [0.0] * 5, StepCosts(1.0, 1.0, 0.0, 1.0)) == 5
+
+
+def test_a_cheap_plain_step_beats_a_verify_that_costs_more_than_its_tokens():
+    # e.g. a CUDA-graph decode step against an eager verify pass
+    costs = StepCosts(single_s=1.0, verify_s=3.0, position_s=0.0, fetch_s=0.0)
+    assert choose_block_size([0.5] * 7, FREE_FETCHES, costs) == 1
+    assert choose_block_size([0.95] * 7, FREE_FETCHES, costs) == 8
+
+
+def test_the_room_left_caps_the_block():
+    costs = StepCosts(single_s=1.0, verify_s=1.0, position_s=0.0, fetch_s=0.0)
+    assert choose_block_size([0.9] * 7, [0.0] * 3, costs) == 3
+
+
+def test_the_sizer_times_both_kinds_of_step_then_follows_what_it_measured(offloaded_target):
+    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6)
+    assert sizer.choose(6) == 6  # first: verify as much as allowed
+    sizer.record(6, accepted=5, seconds=0.010, fetched=0)
+    assert sizer.choose(6) == 1  # second: a plain step
+    sizer.record(1, accepted=0, seconds=0.010, fetched=0)
+    for _ in range(10):  # every draft kept, a verify costs what a plain step costs: the longest block
+        assert sizer.choose(6) == 6
+        sizer.record(6, accepted=5, seconds=0.010, fetched=0)
+    assert sizer.choose(3) == 3  # but no more than the room left
+
+
+def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(offloaded_target):
+    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6)
+    sizer.choose(6)
+    sizer.record(6, accepted=0, seconds=0.020, fetched=0)
+    sizer.choose(6)
+    sizer.record(1, accepted=0, seconds=0.010, fetched=0)
+    for _ in range(20):
+        size = sizer.choose(6)
+        sizer.record(size, accepted=0, seconds=0.010 if size == 1 else 0.020, fetched=0)
+    choices = []
+    for _ in range(PROBE_AFTER + 1):
+        choices.append(sizer.choose(6))
+        sizer.record(choices[-1], accepted=0, seconds=0.010 if choices[-1] == 1 else 0.020, fetched=0)
+    assert choices.count(1) == PROBE_AFTER and choices.count(2) == 1  # one probe per streak of plain steps
+
+
+def test_the_sizer_learns_the_cost_of_fetching_experts(offloaded_target):
+    """Same acceptance, but where copying experts is slow the sizer measures it and settles on a shorter
+    block (the expert union grows with the block)."""
+    experts = offloaded_target.experts
+    fast, slow = BlockSizer(experts, top_k=2, max_block=6), BlockSizer(experts, top_k=2, max_block=6)
+    sizes = [6, 1, 2, 3, 4, 5, 6, 1, 3, 5, 2, 4] * 2
+    fetched = [8, 0, 14, 3, 20, 9, 1, 12, 5, 17, 2, 7] * 2  # what the cache held varies from step to step
+    for sizer, per_fetch in ((fast, 0.0), (slow, 0.004)):
+        for size, copies in zip(sizes, fetched, strict=True):
+            sizer.choose(6)
+            sizer.record(size, accepted=min(size - 1, 2), seconds=0.010 + per_fetch * copies, fetched=copies)
+    assert slow.costs.costs().fetch_s == pytest.approx(0.004, rel=0.15)  # the prior (a fast link) pulls a little
+    assert slow.choose(6) < fast.choose(6)
