@@ -8,6 +8,7 @@ import queue
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -21,7 +22,6 @@ from app.engine.protocol import (
     LoadProgress,
     Shutdown,
     StepStats,
-    Tokens,
 )
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
@@ -94,7 +94,7 @@ class EngineServer:
             if isinstance(event, Done):
                 self.send(Done(event.stop_reason, event.stats, request.request_id))
                 return
-            self.send(Tokens(event.token_ids, event.pieces, request.request_id))
+            self.send(replace(event, request_id=request.request_id))
             tokens_since += len(event.token_ids)
             now = time.perf_counter()
             if now - last_time >= STATS_INTERVAL_S:
