@@ -13,6 +13,7 @@ from app.sizes import format_size
 
 ROUTED_EXPERT_MARK = ".mlp.experts."
 PREFILL_CHUNK = 256
+RUNTIME_RESERVE = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class ModelFacts:
     kv_per_token: int  # the target's cache elements per token over all layers
     hidden_size: int
     vocab_size: int
+    attention_heads: int = 0
 
     @property
     def total_experts(self) -> int:
@@ -84,6 +86,7 @@ class ModelFacts:
             kv_per_token=_kv_per_token(config),
             hidden_size=config["hidden_size"],
             vocab_size=config["vocab_size"],
+            attention_heads=config["num_attention_heads"],
         )
 
 
@@ -158,7 +161,11 @@ def plan_placement(
     """None for a budget means "no limit". Raises UserError when the model cannot run in the budget."""
     resident = facts.resident_bytes(dtype_bytes)
     kv_cache = facts.kv_bytes_per_token(dtype_bytes) * context
-    workspace = (facts.expert_weights + PREFILL_CHUNK * (facts.vocab_size + 16 * facts.hidden_size)) * dtype_bytes
+    # a dequantized expert (the torch op), a prefill chunk's activations and its attention scores (a few
+    # copies of [heads, chunk, context]), and room for the allocator's rounding and CUDA graph pools
+    chunk = min(PREFILL_CHUNK, context)
+    activations = chunk * (facts.vocab_size + 16 * facts.hidden_size) + 4 * facts.attention_heads * chunk * context
+    workspace = (facts.expert_weights + activations) * dtype_bytes + RUNTIME_RESERVE
     fixed = resident + kv_cache + workspace
     total = facts.total_experts
     if gpu_budget is None:

@@ -1,7 +1,7 @@
 """Write a tiny random GPT-OSS checkpoint (real MXFP4 layout, harmony tokenizer) to try the engine.
 
     python tools/make_tiny_model.py /tmp/tiny-gpt-oss
-    moechat generate /tmp/tiny-gpt-oss --chat --prompt "Hello" --gpu-budget 1.95M
+    moechat generate /tmp/tiny-gpt-oss --chat --prompt "Hello" --gpu-budget 65M --max-new-tokens 32
 
 Its weights are random, so its words are too; it exists to exercise loading, offloading and the CLI.
 """

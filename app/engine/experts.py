@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from app.engine.op_graph import SingleTokenGraph
+
 PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
 ExpertTensors = dict[str, torch.Tensor]
 ExpertKey = tuple[int, int]  # (layer, expert)
@@ -113,6 +115,7 @@ class ExpertCache:
         self._copied: dict[int, torch.cuda.Event] = {}
         self._released: dict[int, torch.cuda.Event] = {}
         self._resident_uses = torch.zeros((), dtype=torch.long, device=device)
+        self._single_token_graphs: dict[tuple, SingleTokenGraph] = {}
         self.stats = CacheStats()
 
     def preload(self, keys: list[ExpertKey]) -> None:
@@ -193,6 +196,22 @@ class ExpertCache:
         wanted = torch.cat([top_experts.flatten(), *(predictions[later].flatten() for later in layers)]).tolist()
         used = sorted(set(wanted[: top_experts.numel()]))
         self._score_prediction(layer, used)
+        if len(used) <= self.num_slots:
+            slots = self.ensure(layer, used)
+            self._wait_for_copies(slots)
+            out = self._call(experts_fn, hidden, self.slot_table[layer][top_experts], top_weights)
+            self._mark_released(slots)
+        else:
+            out = self._run_in_groups(layer, used, hidden, top_experts, top_weights, experts_fn)
+        offset = top_experts.numel()
+        for later in layers:
+            count = predictions[later].numel()
+            self.prefetch(later, sorted(set(wanted[offset : offset + count])))
+            offset += count
+        return out
+
+    def _run_in_groups(self, layer, used, hidden, top_experts, top_weights, experts_fn) -> torch.Tensor:
+        """More experts than slots (a long prefill chunk): one op call per group that fits."""
         out = torch.zeros_like(hidden)
         slot_of = torch.full((self.store.num_experts,), -1, dtype=torch.long, device=hidden.device)
         for experts, slots in self.groups(layer, used):
@@ -201,12 +220,16 @@ class ExpertCache:
             slot_of[torch.tensor(experts, device=hidden.device)] = torch.tensor(slots, device=hidden.device)
             out += experts_fn(hidden, self.arenas, slot_of[top_experts], top_weights)
             self._mark_released(slots)
-        offset = top_experts.numel()
-        for later in layers:
-            count = predictions[later].numel()
-            self.prefetch(later, sorted(set(wanted[offset : offset + count])))
-            offset += count
         return out
+
+    def _call(self, experts_fn, hidden, slots, weights) -> torch.Tensor:
+        """The op, replayed from a CUDA graph for single tokens when the op allows capture."""
+        if len(hidden) != 1 or not getattr(experts_fn, "capturable", False):
+            return experts_fn(hidden, self.arenas, slots, weights)
+        key = (id(experts_fn), slots.shape[1], hidden.dtype, weights.dtype)
+        if key not in self._single_token_graphs:
+            self._single_token_graphs[key] = SingleTokenGraph(experts_fn, self.arenas, hidden, slots, weights)
+        return self._single_token_graphs[key](hidden, slots, weights)
 
     def resident(self) -> set[ExpertKey]:
         return set(self._slot_of)
@@ -226,6 +249,9 @@ class ExpertCache:
         return replace(self.stats)
 
     def _count_resident_uses(self, top_experts: torch.Tensor) -> None:
+        if len(top_experts) == 1:  # one token's top-k are distinct experts: no need to count them
+            self._resident_uses += top_experts.shape[1]
+            return
         used = torch.zeros(self.store.num_experts, dtype=torch.long, device=top_experts.device)
         self._resident_uses += used.index_fill_(0, top_experts.flatten(), 1).sum()
 

@@ -42,7 +42,7 @@ def load_model(
     gpu_budget: int | None = None,
     ram_budget: int | None = None,
     context: int = 4096,
-    prefetch_layers: int = 2,
+    prefetch_layers: int = 0,
     on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
 ) -> LoadedModel:
     """`on_progress(stage, fraction)` is called between stages and per layer of experts; raising

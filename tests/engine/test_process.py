@@ -38,7 +38,7 @@ def test_load_then_generate_streams_tokens_like_a_direct_session(tiny_gpt_oss):
     tokens = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
     done = events[-1]
     assert isinstance(done, Done) and done.request_id == 1
-    session = Session.load(tiny_gpt_oss, context=128)
+    session = Session.load(tiny_gpt_oss, context=128, dtype="float32")  # as LoadModel defaults
     ids = session.prompt_ids(Prompt(messages=[{"role": "user", "content": "hello"}]))
     expected = collect(session.generate(ids, SamplingParams(), 8))
     assert tokens == expected["token_ids"]

@@ -124,12 +124,17 @@ class GptOss:
             self.layers.append({
                 "input_norm": load(p + "input_layernorm.weight", (hidden,), keep_float32=True),
                 "post_norm": load(p + "post_attention_layernorm.weight", (hidden,), keep_float32=True),
-                "q": load(p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-                "q_bias": load(p + "self_attn.q_proj.bias", (heads * head_dim,)),
-                "k": load(p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-                "k_bias": load(p + "self_attn.k_proj.bias", (kv_heads * head_dim,)),
-                "v": load(p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
-                "v_bias": load(p + "self_attn.v_proj.bias", (kv_heads * head_dim,)),
+                # q, k and v in one product: fewer launches per decode step
+                "qkv": torch.cat([
+                    load(p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
+                    load(p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
+                    load(p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+                ]),
+                "qkv_bias": torch.cat([
+                    load(p + "self_attn.q_proj.bias", (heads * head_dim,)),
+                    load(p + "self_attn.k_proj.bias", (kv_heads * head_dim,)),
+                    load(p + "self_attn.v_proj.bias", (kv_heads * head_dim,)),
+                ]),
                 "o": load(p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
                 "o_bias": load(p + "self_attn.o_proj.bias", (hidden,)),
                 "sinks": load(p + "self_attn.sinks", (heads,)),
@@ -138,6 +143,7 @@ class GptOss:
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
         self.run_experts = partial(gpt_oss_experts_op(device), limit=c.swiglu_limit, alpha=c.swiglu_alpha)
+        self.run_experts.capturable = device.type == "cuda"  # the Triton op needs no host work
 
     def new_kv_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -157,11 +163,13 @@ class GptOss:
         cache.check_room(len(token_ids))
         positions = cache.positions(len(token_ids))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        num_keys = cache.num_rows(len(token_ids))
+        masks = {window: causal_mask(positions, num_keys, window) for window in (None, self.config.sliding_window)}
         x = self.embed[token_ids]
         outputs = {}
         for index, layer in enumerate(self.layers):
             x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
-                                    positions, cos, sin, cache)
+                                    masks, cos, sin, cache)
             x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
             if index in capture:
                 outputs[index] = x
@@ -185,17 +193,16 @@ class GptOss:
             for index in layers
         }
 
-    def _attention(self, index, layer, x, positions, cos, sin, cache: KVCache) -> torch.Tensor:
+    def _attention(self, index, layer, x, masks, cos, sin, cache: KVCache) -> torch.Tensor:
         c = self.config
-        q = (x @ layer["q"].T + layer["q_bias"]).unflatten(-1, (c.num_attention_heads, c.head_dim))
-        k = (x @ layer["k"].T + layer["k_bias"]).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        v = (x @ layer["v"].T + layer["v_bias"]).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        q, k = rotate_halves(q, cos, sin), rotate_halves(k, cos, sin)
+        heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
+        qkv = torch.addmm(layer["qkv_bias"], x, layer["qkv"].T).unflatten(-1, (heads + 2 * kv_heads, c.head_dim))
+        rotated = rotate_halves(qkv[:, : heads + kv_heads], cos, sin)  # queries and keys in one pass
+        q, k, v = rotated[:, :heads], rotated[:, heads:], qkv[:, heads + kv_heads :]
         keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
         window = c.sliding_window if c.layer_types[index] == "sliding_attention" else None
-        visible = causal_mask(positions, keys.shape[0], window)
-        out = attend(q, keys, values, visible, c.head_dim**-0.5, sinks=layer["sinks"])
-        return out.flatten(-2) @ layer["o"].T + layer["o_bias"]
+        out = attend(q, keys, values, masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
+        return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
 
     def _moe(self, index, layer, x) -> torch.Tensor:
         top_logits, top_experts = self._route(layer, x)
@@ -207,4 +214,5 @@ class GptOss:
 
     def _route(self, layer, x):
         """The router's top-k (values, indices) [T, k] for normed hidden states x [T, H]."""
-        return torch.topk(x @ layer["router"].T + layer["router_bias"], self.config.num_experts_per_tok, dim=-1)
+        logits = torch.addmm(layer["router_bias"], x, layer["router"].T)
+        return torch.topk(logits, self.config.num_experts_per_tok, dim=-1)

@@ -1,0 +1,31 @@
+"""An expert op for a single token, captured once as a CUDA graph and replayed.
+
+Each Triton launch costs tens of microseconds on the host, several per layer; with experts offloaded
+the step cannot be one graph (routing decides the copies on the host), but the op itself can.
+"""
+
+import torch
+
+
+class SingleTokenGraph:
+    """`op(hidden, arenas, slots, weights)` for hidden [1, H], slots/weights [1, k]. The result is
+    overwritten by the next call: use it before calling again."""
+
+    def __init__(self, op, arenas: dict[str, torch.Tensor], hidden: torch.Tensor, slots: torch.Tensor,
+                 weights: torch.Tensor):
+        self.hidden, self.slots, self.weights = hidden.clone(), slots.clone(), weights.clone()
+        side = torch.cuda.Stream(hidden.device)
+        side.wait_stream(torch.cuda.current_stream(hidden.device))
+        with torch.cuda.stream(side):
+            op(self.hidden, arenas, self.slots, self.weights)  # compiles and warms up outside the capture
+        torch.cuda.current_stream(hidden.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = op(self.hidden, arenas, self.slots, self.weights)
+
+    def __call__(self, hidden: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        self.hidden.copy_(hidden)
+        self.slots.copy_(slots)
+        self.weights.copy_(weights)
+        self.graph.replay()
+        return self.out
