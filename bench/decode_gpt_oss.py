@@ -78,14 +78,20 @@ def copy_bandwidths() -> dict:
     return {"pcie_pinned_13MB_chunks_Bps": pcie, "hbm_copy_read_plus_write_Bps": hbm}
 
 
-def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts) -> dict:
-    fixed = plan_placement(facts, None, None, prompt + new, 2)
-    budget = (fixed.resident_bytes + fixed.kv_cache_bytes + fixed.workspace_bytes
-              + int(budget_fraction * facts.total_experts) * facts.expert_bytes)
+def expert_budget(facts: ModelFacts, budget_fraction: float, context: int, dtype_bytes: int = 2) -> int:
+    """The GPU budget that leaves room for that fraction of the routed experts besides everything else."""
+    fixed = plan_placement(facts, None, None, context, dtype_bytes)
+    return (fixed.resident_bytes + fixed.kv_cache_bytes + fixed.workspace_bytes
+            + int(budget_fraction * facts.total_experts) * facts.expert_bytes)
+
+
+def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
+               prefetch_layers: int = 0) -> dict:
+    budget = expert_budget(facts, budget_fraction, prompt + new)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     loaded = load_model(ModelFolder.open(folder), device="cuda", dtype="bfloat16", context=prompt + new,
-                        gpu_budget=budget, ram_budget=None)
+                        gpu_budget=budget, ram_budget=None, prefetch_layers=prefetch_layers)
     model = loaded.model
     ids = torch.randint(0, facts.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     runs = [_timed_generation(model, ids, new) for _ in range(3)]
@@ -178,6 +184,7 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--fractions", default="1.0,0.5,0.25")
+    parser.add_argument("--prefetch", default="0", help="look-ahead depths to compare, e.g. 0,2")
     parser.add_argument("--peer", action="store_true")
     parser.add_argument("--folder", help="reuse a synthetic checkpoint written earlier")
     args = parser.parse_args()
@@ -194,8 +201,10 @@ def main() -> None:
     facts = ModelFacts.from_folder(ModelFolder.open(folder))
     report["expert_bytes"] = facts.expert_bytes
     report["runs"] = []
-    for fraction in (float(f) for f in args.fractions.split(",")):
-        run = decode_run(folder, fraction, args.prompt, args.new, facts)
+    settings = [(float(f), int(d)) for f in args.fractions.split(",") for d in args.prefetch.split(",")
+                if float(f) < 1 or d == args.prefetch.split(",")[0]]  # nothing to prefetch when all fit
+    for fraction, depth in settings:
+        run = {"prefetch_layers": depth, **decode_run(folder, fraction, args.prompt, args.new, facts, depth)}
         run.update(floors(facts, folder, report["bandwidth"], run))
         report["runs"].append(run)
         print(json.dumps({k: v for k, v in run.items() if not isinstance(v, dict)}), flush=True)
@@ -207,9 +216,10 @@ def main() -> None:
         except Exception as error:  # the peer is best effort: record why it did not run
             report["peer_transformers_offload"] = {"error": f"{type(error).__name__}: {error}"[:500]}
     Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"{'budget':>7} {'tok/s':>8} {'hit':>6} {'MB/tok':>8} {'floor opt':>10} {'floor pes':>10}")
+    print(f"{'budget':>7} {'ahead':>5} {'tok/s':>8} {'hit':>6} {'MB/tok':>8} {'floor opt':>10} {'floor pes':>10}")
     for run in report["runs"]:
-        print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['decode_tok_s']:>8.1f} "
+        print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['prefetch_layers']:>5} "
+              f"{run['decode_tok_s']:>8.1f} "
               f"{run['decode_hit_rate'] or 0:>6.2f} {run['decode_bytes_fetched_per_token'] / 1e6:>8.1f} "
               f"{run['ratio_to_floor_optimistic']:>10.2f} {run['ratio_to_floor_pessimistic']:>10.2f}")
     print(json.dumps(report.get("peer_transformers_offload")))
