@@ -24,17 +24,17 @@ def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
 
 def prefill(
     model, cache: KVCache, prompt_ids: list[int], capture: tuple[int, ...] = (),
-    on_features: Callable[[torch.Tensor], None] | None = None,
+    on_features: Callable[[list[int], torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
     """Run the prompt through the model in chunks; return the logits of its last position [V]. With
-    `capture` (layer indices), each chunk's features [chunk, F] go to `on_features` (see the model's
-    forward)."""
+    `capture` (layer indices), each chunk's token ids and features [chunk, F] go to `on_features` (see
+    the model's forward)."""
     ids = torch.tensor(prompt_ids, device=model.device)
     for start in range(0, len(ids), PREFILL_CHUNK):
         chunk = ids[start : start + PREFILL_CHUNK]
         if capture:
             logits, features = model.forward(chunk, cache, last_only=True, capture=capture)
-            on_features(features)
+            on_features(prompt_ids[start : start + PREFILL_CHUNK], features)
         else:
             logits = model.forward(chunk, cache, last_only=True)
     return logits[-1]

@@ -10,11 +10,14 @@ from app.engine.output_parser import ANSWER
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
+from app.engine.spec.drafter import Speculation
 from app.engine.spec.generate import speculative_generate
+from app.engine.spec.mtp import MtpSpeculation
 from app.engine.spec.options import SpecOptions
 from app.engine.tokenizer import ChatTokenizer
 from app.errors import UserError
 from app.model_folder import ModelFolder
+from app.plan import ModelFacts
 
 NO_SPECULATION = SpecOptions()
 
@@ -42,8 +45,7 @@ def prompt_ids(tokenizer: ChatTokenizer | None, prompt: Prompt) -> list[int]:
 class Session:
     """A loaded model and its tokenizer (and drafter, when it speculates), answering one request at a time."""
 
-    def __init__(self, loaded: LoadedModel, tokenizer: ChatTokenizer | None,
-                 speculation: DFlashSpeculation | None = None):
+    def __init__(self, loaded: LoadedModel, tokenizer: ChatTokenizer | None, speculation: Speculation | None = None):
         self.loaded = loaded
         self.tokenizer = tokenizer
         self.speculation = speculation
@@ -77,7 +79,7 @@ class Session:
         if not ids:
             raise UserError("the prompt is empty: give some text or token ids")
         context = len(ids) + max_new_tokens
-        speculation = DFlashSpeculation(spec.drafter, spec.block_size) if spec.method == "dflash" else None
+        speculation = open_speculation(spec, folder)
         if speculation:
             gpu_budget = speculation.budget_left(gpu_budget, context, dtype)
         loaded = load_model(folder, context=context, dtype=dtype, gpu_budget=gpu_budget, **load_options)
@@ -104,6 +106,14 @@ class Session:
                 yield event
             else:
                 yield replace(event, pieces=parser.feed(event.token_ids) if parser else [])
+
+
+def open_speculation(spec: SpecOptions, folder: ModelFolder) -> Speculation | None:
+    if spec.method == "dflash":
+        return DFlashSpeculation(spec.drafter, spec.block_size)
+    if spec.method == "mtp":
+        return MtpSpeculation(ModelFacts.from_folder(folder), spec.block_size)
+    return None
 
 
 def collect(events: Iterator[Tokens | Done]) -> dict:

@@ -56,7 +56,7 @@ class DFlashProposer:
         self.context = drafter.new_context_cache(capacity)
         self.pending: list[torch.Tensor] = []
 
-    def commit(self, features: torch.Tensor) -> None:
+    def commit(self, token_ids: list[int], features: torch.Tensor) -> None:
         self.pending.append(features)
         if sum(len(f) for f in self.pending) >= PREFILL_CHUNK:
             self._add_pending()

@@ -1,5 +1,5 @@
-"""What the speculative loop needs from a drafter (DFlash in `dflash.py`; tests and benchmarks bring
-their own)."""
+"""What the speculative loop needs from a drafter (DFlash in `dflash.py`, GLM's MTP layer in `mtp.py`;
+tests and benchmarks bring their own) and from a way to speculate set up next to a target."""
 
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -19,11 +19,27 @@ class Proposal:
 
 
 class Drafter(Protocol):
+    """One generation's drafter."""
+
     block_size: int  # the most positions one step may verify: the anchor and block_size - 1 drafts
     target_layers: tuple[int, ...]  # target layers whose outputs `commit` receives
 
-    def commit(self, features: torch.Tensor) -> None:
-        """The next committed positions, in order: the captured target features [N, F] of each."""
+    def commit(self, token_ids: list[int], features: torch.Tensor) -> None:
+        """The next committed positions, in order: their tokens [N] and captured target features [N, F]."""
 
     def propose(self, anchor: int, count: int, sampler: Sampler) -> Proposal:
         """`count` drafts to follow `anchor`, the token at the position after the committed ones."""
+
+
+class Speculation(Protocol):
+    """A way to speculate, set up next to a target: `budget_left` before the target loads (what the
+    drafter needs on the device comes out of the GPU budget), `load` after, then one drafter per
+    generation. `block_size` is the forced block size, None for the cost-aware policy."""
+
+    block_size: int | None
+
+    def budget_left(self, gpu_budget: int | None, context: int, dtype: str) -> int | None: ...
+
+    def load(self, model) -> None: ...
+
+    def new_drafter(self, capacity: int) -> Drafter: ...

@@ -9,9 +9,9 @@ METHODS = ("off", "dflash", "mtp")
 
 @dataclass(frozen=True)
 class SpecOptions:
-    """`method`: "off", "dflash" (a DFlash drafter from the folder `drafter`) or "mtp" (GLM's own MTP
-    layer, not available yet); `block_size` forces the positions every step verifies, None lets the
-    cost-aware policy choose per step. A combination that makes no sense is a UserError."""
+    """`method`: "off", "dflash" (a DFlash drafter from the folder `drafter`) or "mtp" (the model's own
+    MTP layer, GLM); `block_size` forces the positions every step verifies, None lets the cost-aware
+    policy choose per step. A combination that makes no sense is a UserError."""
 
     method: str = "off"
     drafter: str | None = None
@@ -20,11 +20,11 @@ class SpecOptions:
     def __post_init__(self):
         if self.method not in METHODS:
             raise UserError(f"unknown speculation '{self.method}': use one of {', '.join(METHODS)}")
-        if self.method == "mtp":
-            raise UserError("--spec mtp (GLM's own MTP layer) is not available yet: use --spec dflash with a "
-                            "drafter, or --spec off")
         if self.method == "off" and (self.drafter or self.block_size):
-            raise UserError("--drafter and --block-size only apply with --spec dflash")
+            raise UserError("--drafter and --block-size only apply with --spec dflash (and --block-size with "
+                            "--spec mtp)")
+        if self.method == "mtp" and self.drafter:
+            raise UserError("--spec mtp drafts with the model's own MTP layer: --drafter is for --spec dflash")
         if self.method == "dflash" and not self.drafter:
             raise UserError("--spec dflash needs the drafter's folder: --drafter DIR")
         if self.block_size is not None and self.block_size < 1:

@@ -80,9 +80,12 @@ class BlockSizer:
     def choose(self, room: int) -> int:
         """The block size of the next step, at most `room` (≥ 1)."""
         store = self.experts.store
-        resident = Counter(layer for layer, _ in self.experts.resident())
-        missing = [store.num_experts - resident[layer] for layer in store.layers]
-        self._uniform_fetches = expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)
+        if self.experts.complete:
+            self._uniform_fetches = [0.0] * room
+        else:
+            resident = Counter(layer for layer, _ in self.experts.resident())
+            missing = [store.num_experts - resident[layer] for layer in store.layers]
+            self._uniform_fetches = expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)
         if room == 1:
             return 1
         if not self.timed["verify"]:

@@ -22,7 +22,8 @@ class Speculator:
         self.drafter = drafter
         self.sampler = sampler
         self.capture = drafter.target_layers
-        self.graph: DecodeGraph | None = None
+        # captured before the prefill, as plain decoding does, for the steps that verify one position
+        self.graph = DecodeGraph(model, cache, self.capture) if graph_ready(model) else None
 
     def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
         """The prompt's last logits [V]; the drafter receives the features of every prompt position."""
@@ -43,14 +44,12 @@ class Speculator:
             target_probs = self.sampler.probabilities(logits)
             kept, token = accept_sampled(proposal.tokens, proposal.probs, target_probs, self.sampler)
         self.cache.truncate(committed + kept + 1)
-        self.drafter.commit(features[: kept + 1])
+        self.drafter.commit(block[: kept + 1], features[: kept + 1])
         return [*proposal.tokens[:kept], token], kept
 
     def _target_pass(self, block: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """logits [B, V] and captured features [B, F]; one position replays a CUDA graph when it can."""
-        if len(block) == 1 and graph_ready(self.model):
-            if self.graph is None:
-                self.graph = DecodeGraph(self.model, self.cache, self.capture)
+        if len(block) == 1 and self.graph:
             logits = self.graph.step(block[0])
             return logits[None], self.graph.features.clone()
         return self.model.forward(torch.tensor(block, device=self.model.device), self.cache, capture=self.capture)

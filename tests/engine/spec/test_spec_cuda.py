@@ -1,0 +1,57 @@
+"""Speculation on the GPU paths (the one-position CUDA graph with captured features, the copy stream
+with route-ahead prefetch) against plain greedy decoding on the same device. Skipped without a CUDA
+device; on the GPU machine: `python -m pytest tests/engine/spec/test_spec_cuda.py`."""
+
+import pytest
+import torch
+
+from app.engine.generate import generate
+from app.engine.loader import load_model
+from app.engine.protocol import Done, Tokens
+from app.engine.sampling import Sampler, SamplingParams
+from app.engine.spec.dflash import DFlashSpeculation
+from app.engine.spec.generate import speculative_generate
+from app.model_folder import ModelFolder
+from tests.fixtures.agreeing_drafter import AgreeingDrafter
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+PROMPT = list(range(40, 60))
+NEW = 32
+
+
+def load(folder, **options):
+    return load_model(ModelFolder.open(folder), device="cuda", dtype="float32", context=64, **options).model
+
+
+def tokens_and_stats(events) -> tuple[list[int], dict]:
+    events = list(events)
+    assert isinstance(events[-1], Done)
+    return [t for e in events if isinstance(e, Tokens) for t in e.token_ids], events[-1].stats
+
+
+@pytest.mark.parametrize("block_size", [None, 4])
+@pytest.mark.parametrize("offloaded", [False, True], ids=["resident-graph", "offloaded-prefetch"])
+def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash, block_size, offloaded):
+    resident = load(tiny_gpt_oss)
+    assert resident.experts.complete
+    reference, _ = tokens_and_stats(generate(resident, resident.new_kv_cache(64), PROMPT,
+                                             Sampler(SamplingParams(), resident.device), NEW, []))
+    model = resident
+    if offloaded:
+        probe = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64).placement
+        budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + 5 * probe.expert_bytes
+        model = load(tiny_gpt_oss, gpu_budget=budget, prefetch_layers=2)
+        assert not model.experts.complete
+    speculation = DFlashSpeculation(tiny_dflash, None)
+    speculation.load(model)
+    drafter = AgreeingDrafter(speculation.new_drafter(64), len(PROMPT), reference, 0.7, 384, seed=1)
+    tokens, stats = tokens_and_stats(speculative_generate(model, model.new_kv_cache(64), PROMPT,
+                                                          Sampler(SamplingParams(), model.device), NEW, [],
+                                                          drafter, block_size))
+    assert tokens == reference
+    assert max(stats["spec"]["accepted_per_step"]) > 0
+    if offloaded:
+        assert stats["expert_cache"]["misses"] > 0 and stats["expert_cache"]["prefetches"] > 0
+    elif block_size is None:
+        assert 1 in stats["spec"]["block_sizes"]  # the graph step ran
