@@ -55,10 +55,12 @@ class DFlashProposer:
         self.target_layers = drafter.config.target_layer_ids
         self.context = drafter.new_context_cache(capacity)
         self.pending: list[torch.Tensor] = []
+        self.pending_rows = 0
 
     def commit(self, token_ids: list[int], features: torch.Tensor) -> None:
         self.pending.append(features)
-        if sum(len(f) for f in self.pending) >= PREFILL_CHUNK:
+        self.pending_rows += len(features)
+        if self.pending_rows >= PREFILL_CHUNK:
             self._add_pending()
 
     def propose(self, anchor: int, count: int, sampler: Sampler) -> Proposal:
@@ -76,4 +78,4 @@ class DFlashProposer:
     def _add_pending(self) -> None:
         if self.pending:
             self.drafter.add_context(torch.cat(self.pending), self.context)
-            self.pending = []
+            self.pending, self.pending_rows = [], 0

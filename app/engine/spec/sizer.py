@@ -4,7 +4,7 @@ inputs of `policy.choose_block_size`."""
 
 from collections import Counter
 
-import torch
+import numpy as np
 
 from app.engine.experts import ExpertCache
 from app.engine.spec.policy import StepCosts, choose_block_size, expected_fetches
@@ -13,7 +13,9 @@ from app.plan import Hardware
 FADE = 0.95  # weight of the past per new observation: acceptance and cache state move with the text
 PRIOR_ACCEPTANCE = 0.5  # for the first draft position before any verify; later positions start at the one before
 PRIOR_WEIGHT = 2.0  # observations' worth of the prior
-PROBE_AFTER = 32  # plain steps in a row, then one block of 2 checks whether drafting pays again
+PROBE_AFTER = 32  # plain steps in a row, then one block of 2 checks whether drafting pays again (the wait
+                  # doubles after every probe that changes nothing)
+RECHECK_EVERY = 8  # plain steps in a row between two looks at the policy
 FETCH_BANDWIDTH = {"cuda": Hardware().link_bps, "cpu": 10e9}  # bytes/s before steps are timed; on CPU a memcpy
 
 
@@ -42,29 +44,37 @@ class StepCostFit:
     squares over recent steps (older ones fade). Until steps at several block sizes tell them apart, a
     verify's time is put on its fixed part rather than on its positions (a batch-1 pass on a GPU reads
     the same weights whatever B is); the fetch term is held near its prior (expert bytes / bandwidth)
-    with the weight of one step that copies `prior_copies` experts, until steps say otherwise."""
+    with the weight of one step that copies `prior_copies` experts, until steps say otherwise. Steps are
+    folded in when the costs are asked for, so recording one costs next to nothing."""
 
     def __init__(self, fetch_s: float, prior_copies: int):
-        self.gram = torch.zeros(4, 4, dtype=torch.float64)
-        self.moment = torch.zeros(4, dtype=torch.float64)
-        self.prior = torch.tensor([0.0, 0.0, 0.0, fetch_s], dtype=torch.float64)
-        weights = [1e-9, 1e-9, 1e-3, float(prior_copies) ** 2]
-        self.prior_weight = torch.diag(torch.tensor(weights, dtype=torch.float64))
+        self.gram = np.zeros((4, 4))
+        self.moment = np.zeros(4)
+        self.prior = np.array([0.0, 0.0, 0.0, fetch_s])
+        self.prior_weight = np.diag([1e-9, 1e-9, 1e-3, float(prior_copies) ** 2])
+        self.steps: list[tuple[float, float, float, float, float]] = []  # (features …, seconds) not folded yet
 
     def add(self, block_size: int, fetched: float, seconds: float) -> None:
         single = float(block_size == 1)
-        row = torch.tensor([single, 1 - single, (1 - single) * block_size, fetched], dtype=torch.float64)
-        self.gram = FADE * self.gram + torch.outer(row, row)
-        self.moment = FADE * self.moment + row * seconds
+        self.steps.append((single, 1 - single, (1 - single) * block_size, fetched, seconds))
 
     def costs(self) -> StepCosts:
-        fitted = torch.linalg.solve(self.gram + self.prior_weight, self.moment + self.prior_weight @ self.prior)
-        return StepCosts(*fitted.clamp_min(0).tolist())
+        if self.steps:
+            table = np.array(self.steps)
+            rows, seconds = table[:, :4], table[:, 4]
+            weighted = rows * FADE ** np.arange(len(rows) - 1, -1, -1)[:, None]
+            self.gram = FADE ** len(rows) * self.gram + weighted.T @ rows
+            self.moment = FADE ** len(rows) * self.moment + weighted.T @ seconds
+            self.steps = []
+        fitted = np.linalg.solve(self.gram + self.prior_weight, self.moment + self.prior_weight @ self.prior)
+        return StepCosts(*np.maximum(fitted, 0).tolist())
 
 
 class BlockSizer:
     """`choose(room)` before a step, `record(...)` after it. The first step verifies as many positions
-    as allowed and the second one, so both kinds of step are timed before the policy decides."""
+    as allowed and the second one, so both kinds of step are timed before the policy decides. In a
+    streak of plain steps the decision is looked at again every `RECHECK_EVERY` steps only, so that
+    not speculating costs next to nothing over plain decoding."""
 
     def __init__(self, experts: ExpertCache, top_k: int, max_block: int, fetch_bandwidth: float | None = None):
         self.experts = experts
@@ -75,27 +85,31 @@ class BlockSizer:
         self.locality = 1.0
         self.timed = Counter()  # steps recorded, by "single" / "verify"
         self.plain_streak = 0
-        self._uniform_fetches: list[float] = []
+        self.probe_after = PROBE_AFTER
+        self.policy_said_plain = False
+        self._uniform_fetches: list[float] | None = None
 
     def choose(self, room: int) -> int:
         """The block size of the next step, at most `room` (≥ 1)."""
-        store = self.experts.store
-        if self.experts.complete:
-            self._uniform_fetches = [0.0] * room
-        else:
-            resident = Counter(layer for layer, _ in self.experts.resident())
-            missing = [store.num_experts - resident[layer] for layer in store.layers]
-            self._uniform_fetches = expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)
-        if room == 1:
+        self._uniform_fetches = None
+        holding = self.policy_said_plain and self.plain_streak < self.probe_after and self.plain_streak % RECHECK_EVERY
+        if room == 1 or holding:
             return 1
+        self.policy_said_plain = False
+        self._uniform_fetches = self._expected_fetches(room)
         if not self.timed["verify"]:
             return room
         if not self.timed["single"]:
             return 1
-        if self.plain_streak >= PROBE_AFTER:
+        if self.plain_streak >= self.probe_after:
+            self.probe_after *= 2
             return 2
         fetches = [self.locality * f for f in self._uniform_fetches]
-        return choose_block_size(self.acceptance.rates(), fetches, self.costs.costs())
+        size = choose_block_size(self.acceptance.rates(), fetches, self.costs.costs())
+        self.policy_said_plain = size == 1
+        if size > 1:
+            self.probe_after = PROBE_AFTER
+        return size
 
     def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
         """What the step chosen last did: drafts kept, wall time, experts copied to the device."""
@@ -103,6 +117,15 @@ class BlockSizer:
         self.costs.add(block_size, fetched, seconds)
         self.timed["single" if block_size == 1 else "verify"] += 1
         self.plain_streak = self.plain_streak + 1 if block_size == 1 else 0
-        predicted = self._uniform_fetches[block_size - 1]
+        predicted = self._uniform_fetches[block_size - 1] if self._uniform_fetches else 0.0
         if predicted > 0:
             self.locality = FADE * self.locality + (1 - FADE) * fetched / predicted
+
+    def _expected_fetches(self, room: int) -> list[float]:
+        """Before calibration by `locality`: what cache state and uniform routing predict."""
+        if self.experts.complete:
+            return [0.0] * room
+        store = self.experts.store
+        resident = Counter(layer for layer, _ in self.experts.resident())
+        missing = [store.num_experts - resident[layer] for layer in store.layers]
+        return expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)

@@ -77,7 +77,12 @@ def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(of
     for _ in range(PROBE_AFTER + 1):
         choices.append(sizer.choose(6))
         sizer.record(choices[-1], accepted=0, seconds=0.010 if choices[-1] == 1 else 0.020, fetched=0)
-    assert choices.count(1) == PROBE_AFTER and choices.count(2) == 1  # one probe per streak of plain steps
+    assert choices.count(1) == PROBE_AFTER and choices.count(2) == 1  # one probe after a streak of plain steps
+    later = []
+    for _ in range(2 * PROBE_AFTER + 1):
+        later.append(sizer.choose(6))
+        sizer.record(later[-1], accepted=0, seconds=0.010 if later[-1] == 1 else 0.020, fetched=0)
+    assert later.count(2) == 1  # the next one waits twice as long
 
 
 def test_the_sizer_learns_the_cost_of_fetching_experts(offloaded_target):
