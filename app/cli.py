@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 
+from app.engine.spec.options import METHODS as SPEC_METHODS
 from app.errors import UserError
 from app.sizes import parse_size
 
@@ -47,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     generate.add_argument("--gpu-budget", type=_size, help="bytes the engine may use on the device, e.g. 8G")
     generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
-    generate.add_argument("--spec", choices=("off", "dflash", "mtp"), default="off",
+    generate.add_argument("--spec", choices=SPEC_METHODS, default="off",
                           help="speculative decoding: a DFlash drafter (--drafter), or GLM's own MTP layer")
     generate.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash)")
     generate.add_argument("--block-size", type=_positive_int,

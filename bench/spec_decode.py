@@ -64,7 +64,7 @@ def write_checkpoints(folder: Path, model: str) -> tuple[Path, Path]:
     return target, drafter
 
 
-def timed(events) -> tuple[list[int], dict]:
+def tokens_and_stats(events) -> tuple[list[int], dict]:
     tokens, done = [], None
     for event in events:
         if isinstance(event, Tokens):
@@ -87,13 +87,15 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
     greedy = SamplingParams()
 
     def plain() -> tuple[list[int], dict]:
-        return timed(generate(model, model.new_kv_cache(context), ids, Sampler(greedy, model.device), args.new, []))
+        sampler = Sampler(greedy, model.device)
+        return tokens_and_stats(generate(model, model.new_kv_cache(context), ids, sampler, args.new, []))
 
     def speculative(agreement: float, block_size: int | None, seed: int) -> tuple[list[int], dict]:
         drafter = AgreeingDrafter(DFlashProposer(speculation.drafter, context), len(ids), reference, agreement,
                                   facts.vocab_size, seed)
-        return timed(speculative_generate(model, model.new_kv_cache(context), ids, Sampler(greedy, model.device),
-                                          args.new, [], drafter, block_size, fetch_bandwidth))
+        sampler = Sampler(greedy, model.device)
+        return tokens_and_stats(speculative_generate(model, model.new_kv_cache(context), ids, sampler, args.new, [],
+                                                     drafter, block_size, fetch_bandwidth))
 
     reference, _ = plain()  # warm-up, and the continuation every drafter agrees with
     off = [plain()[1] for _ in range(args.repeats)]
