@@ -54,3 +54,15 @@ def attend(
 def silu_glu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """The SiLU-gated MLP: x [T, in], gate/up [W, in], down [out, W] (rows are output features) -> [T, out]."""
     return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
+
+
+def finish_forward(model, x: torch.Tensor, outputs: dict, capture: tuple[int, ...], last_only: bool):
+    """The end of a target's forward pass: final norm, logits [T or 1, V] (float32), and with `capture`
+    also the features [T, len(capture) * H] (the last layer's entry is taken after the final norm)."""
+    x = rms_norm(x, model.final_norm, model.config.rms_norm_eps)
+    if model.config.num_hidden_layers - 1 in capture:
+        outputs[model.config.num_hidden_layers - 1] = x
+    logits = ((x[-1:] if last_only else x) @ model.lm_head.T).float()
+    if not capture:
+        return logits
+    return logits, torch.cat([outputs[index] for index in capture], dim=-1)

@@ -17,7 +17,7 @@ import torch
 from app.engine.checkpoint import Checkpoint
 from app.engine.experts import ExpertCache, ExpertTensors
 from app.engine.kv_cache import KVCache
-from app.engine.layers import causal_mask, rms_norm, silu_glu
+from app.engine.layers import causal_mask, finish_forward, rms_norm, silu_glu
 from app.engine.models.glm_mtp import GlmMtp
 from app.engine.rope import Rotary
 from app.errors import UserError
@@ -258,13 +258,7 @@ class GlmModel:
             if index in capture:
                 outputs[index] = x
         cache.advance(len(token_ids))
-        x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
-        if self.config.num_hidden_layers - 1 in capture:
-            outputs[self.config.num_hidden_layers - 1] = x
-        logits = ((x[-1:] if last_only else x) @ self.lm_head.T).float()
-        if not capture:
-            return logits
-        return logits, torch.cat([outputs[index] for index in capture], dim=-1)
+        return finish_forward(self, x, outputs, capture, last_only)
 
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
