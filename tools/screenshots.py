@@ -109,7 +109,8 @@ def main() -> None:
     window.chat_settings.max_tokens.setValue(2000)
     window.chat.composer.setPlainText("Tell me a long story.")
     window.chat.send()
-    wait(app, lambda: window.chat.answer is not None and len(window.chat.answer.text + window.chat.answer.reasoning) > 60)
+    answer = lambda: window.chat.answer  # noqa: E731
+    wait(app, lambda: answer() is not None and len(answer().text + answer().reasoning) > 60)
     os.kill(window.client.engine.process.pid, signal.SIGKILL)
     wait(app, lambda: window.banner.isVisible())
     settle(app)
