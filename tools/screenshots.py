@@ -109,8 +109,11 @@ def main() -> None:
     window.chat_settings.max_tokens.setValue(2000)
     window.chat.composer.setPlainText("Tell me a long story.")
     window.chat.send()
-    answer = lambda: window.chat.answer  # noqa: E731
-    wait(app, lambda: answer() is not None and len(answer().text + answer().reasoning) > 60)
+    def answer_is_long() -> bool:
+        answer = window.chat.answer
+        return answer is not None and len(answer.text + answer.reasoning) > 60
+
+    wait(app, answer_is_long)
     os.kill(window.client.engine.process.pid, signal.SIGKILL)
     wait(app, lambda: window.banner.isVisible())
     settle(app)
