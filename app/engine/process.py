@@ -6,7 +6,7 @@ so tests can drive the server directly. The process is started by `protocol.spaw
 
 import queue
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -25,6 +25,7 @@ from app.engine.protocol import (
 )
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
+from app.engine.spec.options import SpecOptions
 from app.errors import UserError
 
 STATS_INTERVAL_S = 0.1
@@ -65,8 +66,9 @@ class EngineServer:
                 raise Cancelled
             self.send(LoadProgress(stage, fraction))
 
+        spec = SpecOptions(request.spec, request.drafter, request.block_size)
         self.session = Session.load(
-            request.path, device=request.device, dtype=request.dtype, gpu_budget=request.gpu_budget,
+            request.path, spec, device=request.device, dtype=request.dtype, gpu_budget=request.gpu_budget,
             ram_budget=request.ram_budget, context=request.context, on_progress=progress,
         )
         loaded = self.session.loaded
@@ -79,6 +81,7 @@ class EngineServer:
             "total_experts": loaded.facts.total_experts,
             "device_bytes": loaded.placement.device_bytes,
             "has_tokenizer": self.session.tokenizer is not None,
+            "spec": spec.method,
         }))
 
     def _generate(self, request: Generate) -> None:
@@ -99,7 +102,8 @@ class EngineServer:
             now = time.perf_counter()
             if now - last_time >= STATS_INTERVAL_S:
                 current = experts.snapshot()
-                self.send(_step_stats(request.request_id, tokens_since, now - last_time, current.since(last_stats)))
+                self.send(_step_stats(request.request_id, tokens_since, now - last_time, current.since(last_stats),
+                                      residency(experts)))
                 last_stats, last_time, tokens_since = current, now, 0
             if self.cancel_requested():
                 events.close()
@@ -107,10 +111,16 @@ class EngineServer:
                 return
 
 
-def _step_stats(request_id: int, tokens: int, seconds: float, delta) -> StepStats:
+def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: list[float]) -> StepStats:
     figures = delta.as_dict()
     return StepStats(request_id, tokens, seconds, delta.hits, delta.misses, delta.bytes_fetched,
-                     figures["prefetch_coverage"], figures["prefetch_waste"])
+                     figures["prefetch_coverage"], figures["prefetch_waste"], resident)
+
+
+def residency(cache) -> list[float]:
+    """For each MoE layer of the `ExpertCache`, in layer order, the fraction of its experts in device slots."""
+    per_layer = Counter(layer for layer, _ in cache.resident())
+    return [per_layer[layer] / cache.store.num_experts for layer in cache.store.layers]
 
 
 def engine_main(requests, events) -> None:

@@ -47,12 +47,18 @@ class Done:
 
 @dataclass(frozen=True, slots=True)
 class LoadModel:
+    """Load `path` with this plan; `spec` ("off", "dflash" with the `drafter` folder, "mtp" for GLM) and
+    `block_size` (None: the cost-aware policy) as in `moechat generate --spec`."""
+
     path: str
     device: str = "cpu"
     dtype: str = "float32"
     gpu_budget: int | None = None
     ram_budget: int | None = None
     context: int = 4096
+    spec: str = "off"
+    drafter: str | None = None
+    block_size: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +105,8 @@ class Loaded:
 
 @dataclass(frozen=True, slots=True)
 class StepStats:
-    """Decode figures over the last few steps (sent at most ~10 times a second)."""
+    """Decode figures over the last few steps (sent at most ~10 times a second); `residency[i]` is the
+    fraction of the i-th MoE layer's experts resident in the device cache when it was sent."""
 
     request_id: int
     tokens: int
@@ -109,6 +116,7 @@ class StepStats:
     bytes_fetched: int
     prefetch_coverage: float
     prefetch_waste: float
+    residency: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

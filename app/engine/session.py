@@ -51,10 +51,15 @@ class Session:
         self.speculation = speculation
 
     @classmethod
-    def load(cls, path: str | Path, **load_options) -> "Session":
+    def load(
+        cls, path: str | Path, spec: SpecOptions = NO_SPECULATION, context: int = 4096, dtype: str = "bfloat16",
+        gpu_budget: int | None = None, **load_options,
+    ) -> "Session":
         """Load a model with a fixed context (the desktop app and the server)."""
         folder = ModelFolder.open(path)
-        return cls(load_model(folder, **load_options), ChatTokenizer.load(folder.path))
+        speculation = open_speculation(spec, folder)
+        loaded = load_with_speculation(folder, speculation, context, dtype, gpu_budget, **load_options)
+        return cls(loaded, ChatTokenizer.load(folder.path), speculation)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
         ids = prompt_ids(self.tokenizer, prompt)
@@ -80,12 +85,8 @@ class Session:
             raise UserError("the prompt is empty: give some text or token ids")
         context = len(ids) + max_new_tokens
         speculation = open_speculation(spec, folder)
-        if speculation:
-            gpu_budget = speculation.budget_left(gpu_budget, context, dtype)
-        loaded = load_model(folder, context=context, dtype=dtype, gpu_budget=gpu_budget, **load_options)
+        loaded = load_with_speculation(folder, speculation, context, dtype, gpu_budget, **load_options)
         check_prompt(ids, loaded.model.config.vocab_size)
-        if speculation:
-            speculation.load(loaded.model)
         return cls(loaded, tokenizer, speculation), ids
 
     def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int) -> Iterator[Tokens | Done]:
@@ -114,6 +115,19 @@ def open_speculation(spec: SpecOptions, folder: ModelFolder) -> Speculation | No
     if spec.method == "mtp":
         return MtpSpeculation(ModelFacts.from_folder(folder), spec.block_size)
     return None
+
+
+def load_with_speculation(
+    folder: ModelFolder, speculation: Speculation | None, context: int, dtype: str, gpu_budget: int | None,
+    **load_options,
+) -> LoadedModel:
+    """The target, loaded in what the drafter leaves of `gpu_budget`, with the drafter set up beside it."""
+    if speculation:
+        gpu_budget = speculation.budget_left(gpu_budget, context, dtype)
+    loaded = load_model(folder, context=context, dtype=dtype, gpu_budget=gpu_budget, **load_options)
+    if speculation:
+        speculation.load(loaded.model)
+    return loaded
 
 
 def collect(events: Iterator[Tokens | Done]) -> dict:

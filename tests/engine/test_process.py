@@ -1,5 +1,8 @@
 """The engine server behind the queues, driven directly and as a real spawned process."""
 
+import json
+
+from app.engine import process
 from app.engine.process import EngineServer
 from app.engine.protocol import (
     Done,
@@ -8,11 +11,14 @@ from app.engine.protocol import (
     Loaded,
     LoadModel,
     LoadProgress,
+    StepStats,
     Tokens,
     spawn_engine,
 )
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
+from tests.fixtures.tiny_dflash import write_tiny_dflash
+from tests.test_cli_spec import CONTEXT, budget_for_slots
 
 
 def serve(requests, cancel_after_tokens: int | None = None) -> list:
@@ -76,3 +82,49 @@ def test_a_spawned_engine_answers_and_shuts_down(tiny_gpt_oss):
     finally:
         engine.stop()
     assert engine.process.exitcode == 0
+
+
+def test_a_load_with_dflash_speculates_and_keeps_the_greedy_tokens(tiny_gpt_oss, tiny_dflash):
+    request = Generate(5, max_new_tokens=12, token_ids=[5, 6, 7, 8])
+    plain = serve([LoadModel(str(tiny_gpt_oss), context=64), request])
+    speculated = serve([LoadModel(str(tiny_gpt_oss), context=64, spec="dflash", drafter=str(tiny_dflash),
+                                  block_size=3), request])
+    assert next(e for e in speculated if isinstance(e, Loaded)).info["spec"] == "dflash"
+    steps = [e for e in speculated if isinstance(e, Tokens) and e.spec is not None]
+    assert steps and steps[0].spec.block_size == 3  # later steps may verify fewer near max_new_tokens
+    assert all(e.spec.block_size <= 3 and len(e.drafted) == len(e.token_ids) for e in steps)
+    assert sum(e.drafted.count(True) for e in steps) == sum(e.spec.accepted for e in steps)
+    assert [t for e in speculated if isinstance(e, Tokens) for t in e.token_ids] == \
+        [t for e in plain if isinstance(e, Tokens) for t in e.token_ids]
+    assert speculated[-1].stats["spec"]["steps"] == len(steps)
+
+
+def test_speculation_that_does_not_fit_is_a_load_error_in_words(tiny_gpt_oss, tiny_dflash, tmp_path):
+    target_config = json.loads((tiny_gpt_oss / "config.json").read_text())
+    narrow = write_tiny_dflash(tmp_path / "narrow", {**target_config, "hidden_size": 32})
+    events = serve([LoadModel(str(tiny_gpt_oss), spec="dflash"),
+                    LoadModel(str(tiny_gpt_oss), context=64, spec="dflash", drafter=str(narrow)),
+                    LoadModel(str(tiny_gpt_oss), context=64, spec="dflash", drafter=str(tiny_dflash), block_size=7),
+                    LoadModel(str(tiny_gpt_oss), context=64, spec="mtp")])
+    errors = [e for e in events if isinstance(e, Error)]
+    assert [e.kind for e in errors] == ["load"] * 4 and not any(isinstance(e, Loaded) for e in events)
+    assert "needs the drafter's folder" in errors[0].message
+    assert "trained for another model" in errors[1].message
+    assert "larger than the drafter's block size 6" in errors[2].message
+    assert "needs a model with its own MTP layer (GLM)" in errors[3].message
+
+
+def test_step_stats_carry_the_share_of_each_layers_experts_in_the_cache(tiny_gpt_oss, monkeypatch):
+    monkeypatch.setattr(process, "STATS_INTERVAL_S", 0.0)  # figures after every step
+    events = []
+    server = EngineServer(events.append, lambda: False)
+    server.handle(LoadModel(str(tiny_gpt_oss), context=CONTEXT, gpu_budget=budget_for_slots(tiny_gpt_oss, 3)))
+    server.handle(Generate(1, max_new_tokens=8, token_ids=[5, 6, 7, 8]))
+    cache = server.session.loaded.model.experts
+    assert cache.num_slots == 3 and len(cache.store.layers) > 1
+    stats = [e for e in events if isinstance(e, StepStats)]
+    assert stats and all(len(s.residency) == len(cache.store.layers) for s in stats)
+    resident = cache.resident()
+    expected = [sum(1 for layer, _ in resident if layer == moe_layer) / cache.store.num_experts
+                for moe_layer in cache.store.layers]
+    assert stats[-1].residency == expected and sum(expected) * cache.store.num_experts == 3

@@ -1,12 +1,9 @@
-import json
-
 import pytest
 import torch
 
 from app.engine.loader import load_model
 from app.engine.spec.dflash import DFlashSpeculation
 from app.model_folder import ModelFolder
-from tests.fixtures.tiny_dflash import write_tiny_dflash
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -17,13 +14,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="session")
-def tiny_dflash(tiny_gpt_oss, tmp_path_factory):
-    """A tiny DFlash drafter for the tiny GPT-OSS target (block size 6, target layers 0 and 2)."""
-    target_config = json.loads((tiny_gpt_oss / "config.json").read_text())
-    return write_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash"), target_config)
 
 
 @pytest.fixture(scope="session")
