@@ -3,7 +3,7 @@ appears once its series has data; pyqtgraph is imported then, not at start-up.""
 
 import time
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QRectF, QTimer
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.engine.protocol import StepStats
@@ -20,6 +20,8 @@ CHARTS = (
                                         ("block_size", "#868e96", "block size"))),
 )
 FRACTIONS = ("hit_rate", "prefetch_coverage")
+RESIDENCY = "Experts in the cache per layer"
+ORDER = (*(title for title, _, _ in CHARTS), RESIDENCY)
 
 
 class LiveCharts(QWidget):
@@ -28,8 +30,9 @@ class LiveCharts(QWidget):
         self.stats = LiveStats(clock)
         self.plots: dict[str, object] = {}  # chart title -> PlotWidget
         self.curves: dict[str, object] = {}  # series name -> PlotDataItem
-        self.placeholder = QLabel("Charts appear here while the engine answers: speed, expert cache, "
-                                  "prefetch, and speculation when it is on.")
+        self.residency_image = None  # the heatmap's ImageItem, once residency figures arrive
+        self.placeholder = QLabel("Charts appear here while the engine answers: speed, expert cache and its "
+                                  "residency per layer, prefetch, and speculation when it is on.")
         self.placeholder.setWordWrap(True)
         self.column = QVBoxLayout(self)
         self.column.addWidget(self.placeholder)
@@ -56,8 +59,49 @@ class LiveCharts(QWidget):
                 self._add_plot(title, unit, series)
             for name, _, _ in series:
                 self.curves[name].setData(*self.stats.points(name))
+        if self.stats.residency[0]:
+            self._show_residency()
+
+    def _show_residency(self) -> None:
+        """A layers × time image: one column per StepStats, the share of each layer's experts resident."""
+        import numpy
+
+        if RESIDENCY not in self.plots:
+            self._add_residency_plot()
+        times, rows = self.stats.residency
+        image = numpy.array(rows, dtype=numpy.float32)  # [T, L]: pyqtgraph's x is the first axis
+        self.residency_image.setImage(image, levels=(0.0, 1.0))
+        start, end = times[0], times[-1]
+        step = (end - start) / (len(times) - 1) if len(times) > 1 else 0.1
+        self.residency_image.setRect(QRectF(start, 0, end - start + step, image.shape[1]))
 
     def _add_plot(self, title: str, unit: str, series) -> None:
+        import pyqtgraph
+
+        plot = self._new_plot(title, unit)
+        plot.showGrid(x=True, y=True, alpha=0.2)
+        if len(series) > 1:
+            plot.addLegend(offset=(-10, 10), brush=(255, 255, 255, 210))
+        if series[0][0] in FRACTIONS:
+            plot.setYRange(0, 1.05)
+        for name, colour, legend in series:
+            self.curves[name] = plot.plot(pen=pyqtgraph.mkPen(colour, width=2), name=legend)
+        self._place(title, plot)
+
+    def _add_residency_plot(self) -> None:
+        import pyqtgraph
+
+        plot = self._new_plot(RESIDENCY, "")
+        plot.setLabel("left", "MoE layer")
+        self.residency_image = pyqtgraph.ImageItem()
+        self.residency_image.setColorMap(pyqtgraph.colormap.get("viridis"))
+        plot.addItem(self.residency_image)
+        bar = pyqtgraph.ColorBarItem(values=(0, 1), colorMap=pyqtgraph.colormap.get("viridis"), interactive=False,
+                                     width=10)
+        bar.setImageItem(self.residency_image, insert_in=plot.getPlotItem())
+        self._place(RESIDENCY, plot)
+
+    def _new_plot(self, title: str, unit: str):
         import pyqtgraph
 
         self.placeholder.hide()
@@ -67,13 +111,9 @@ class LiveCharts(QWidget):
         if unit:
             plot.setLabel("left", units=unit)
         plot.setLabel("bottom", "seconds")
-        plot.showGrid(x=True, y=True, alpha=0.2)
-        if len(series) > 1:
-            plot.addLegend(offset=(-10, 10), brush=(255, 255, 255, 210))
-        if series[0][0] in FRACTIONS:
-            plot.setYRange(0, 1.05)
-        for name, colour, legend in series:
-            self.curves[name] = plot.plot(pen=pyqtgraph.mkPen(colour, width=2), name=legend)
+        return plot
+
+    def _place(self, title: str, plot) -> None:
         self.plots[title] = plot
-        order = [t for t, _, _ in CHARTS if t in self.plots]  # the placeholder stays at 0, hidden
+        order = [t for t in ORDER if t in self.plots]  # the placeholder stays at 0, hidden
         self.column.insertWidget(1 + order.index(title), plot)

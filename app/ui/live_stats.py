@@ -9,7 +9,8 @@ HISTORY = 600  # points per series: a minute at ~10 Hz
 
 class LiveStats:
     """Series of (seconds since the first point, value). Step statistics give speed, cache and
-    prefetch figures; speculative steps (Tokens.spec) give accepted drafts and block sizes."""
+    prefetch figures and the cache's residency per layer (`residency`: seconds and one row of layer
+    fractions each); speculative steps (Tokens.spec) give accepted drafts and block sizes."""
 
     SERIES = ("tok_s", "hit_rate", "prefetch_coverage", "prefetch_waste", "bytes_per_token",
               "accepted", "block_size")
@@ -18,6 +19,7 @@ class LiveStats:
         self.clock = clock
         self.start: float | None = None
         self.series = {name: (deque(maxlen=HISTORY), deque(maxlen=HISTORY)) for name in self.SERIES}
+        self.residency: tuple[deque, deque] = (deque(maxlen=HISTORY), deque(maxlen=HISTORY))
         self.changed = False
 
     def add_step_stats(self, stats: StepStats) -> None:
@@ -32,6 +34,13 @@ class LiveStats:
             self._add("prefetch_waste", stats.prefetch_waste)
         if stats.tokens:
             self._add("bytes_per_token", stats.bytes_fetched / stats.tokens)
+        if stats.residency:
+            times, rows = self.residency
+            if rows and len(rows[-1]) != len(stats.residency):  # another model: its layers start afresh
+                times.clear()
+                rows.clear()
+            times.append(self._seconds())
+            rows.append(list(stats.residency))
 
     def add_tokens(self, events: list[Tokens]) -> None:
         for event in events:
@@ -48,10 +57,13 @@ class LiveStats:
         return list(times), list(values)
 
     def _add(self, name: str, value: float) -> None:
+        times, values = self.series[name]
+        times.append(self._seconds())
+        values.append(value)
+
+    def _seconds(self) -> float:
         now = self.clock()
         if self.start is None:
             self.start = now
-        times, values = self.series[name]
-        times.append(now - self.start)
-        values.append(value)
         self.changed = True
+        return now - self.start

@@ -8,7 +8,7 @@ import pytest
 
 from app.chats import ChatStore
 from app.engine.protocol import Done, StepStats, Tokens
-from app.ui.charts import LiveCharts
+from app.ui.charts import RESIDENCY, LiveCharts
 from app.ui.conversation import Answer, engine_messages, title_for
 from app.ui.hardware import CPU_HARDWARE, GIB, Machine, detect_machine, total_ram
 from app.ui.live_stats import LiveStats
@@ -162,3 +162,17 @@ def test_charts_appear_only_for_figures_that_have_data(qtbot):
     charts.refresh()
     assert "Speculation per step" in charts.plots and "Prefetch" not in charts.plots
     assert list(charts.curves["block_size"].getData()[1]) == [4]
+
+
+def test_the_residency_heatmap_shows_each_layers_share_over_time(qtbot):
+    clock = Clock()
+    charts = LiveCharts(clock)
+    qtbot.addWidget(charts)
+    for residency in ([0.5, 1.0, 0.0], [0.75, 1.0, 0.25]):
+        charts.add_step_stats(StepStats(1, tokens=4, seconds=0.1, hits=3, misses=1, bytes_fetched=0,
+                                        prefetch_coverage=0.0, prefetch_waste=0.0, residency=residency))
+        clock.now += 0.1
+    charts.refresh()
+    assert list(charts.plots)[-1] == RESIDENCY
+    assert charts.residency_image.image.tolist() == [[0.5, 1.0, 0.0], [0.75, 1.0, 0.25]]  # [time, layer]
+    assert charts.residency_image.mapRectToParent(charts.residency_image.boundingRect()).height() == 3
