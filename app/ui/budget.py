@@ -13,6 +13,7 @@ from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placem
 from app.sizes import format_size
 from app.ui.hardware import Machine
 from app.ui.placement_bar import PlacementBar
+from app.ui.speculation import SpeculationPanel
 
 STEPS = 1000
 CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
@@ -60,6 +61,8 @@ class BudgetPanel(QWidget):
         self.warning = QLabel()
         self.warning.setWordWrap(True)
         self.warning.setStyleSheet("color: #e8590c")
+        self.speculation = SpeculationPanel()
+        self.speculation.method_changed.connect(self._bound_sliders)
         self.load_button = QPushButton("Load with this plan")
         self.load_button.clicked.connect(self._request_load)
 
@@ -71,7 +74,8 @@ class BudgetPanel(QWidget):
         for widget in (self.title, self.machine_label):
             layout.addWidget(widget)
         layout.addLayout(form)
-        for widget in (self.bar, self.speed, self.details, self.refusal, self.warning, self.load_button):
+        for widget in (self.bar, self.speed, self.details, self.refusal, self.warning, self.speculation,
+                       self.load_button):
             layout.addWidget(widget)
         layout.addStretch()
         self._set_enabled(False)
@@ -100,6 +104,7 @@ class BudgetPanel(QWidget):
                 self.facts = ModelFacts.from_folder(folder)
             except UserError as error:
                 self.title.setText(f"Cannot plan {path}: {error}")
+        self.speculation.show_model(self.facts.model_type if self.facts else None)
         if self.facts is None:
             self._set_enabled(False)
             self._replan()
@@ -121,10 +126,13 @@ class BudgetPanel(QWidget):
         self._replan()
 
     def _bound_sliders(self) -> None:
-        """The GPU slider ends where the machine ends or where everything fits (for this context)."""
+        """The GPU slider ends where the machine ends or where everything fits (for this context); with
+        speculation, where the machine ends (the drafter's bytes come out of the budget)."""
         if self.facts is not None:
             everything = plan_placement(self.facts, None, None, self.context.currentData(), self._dtype_bytes)
-            self.gpu_max = min(self.machine.device_bytes, everything.device_bytes)
+            speculates = self.speculation.options()["spec"] != "off"
+            self.gpu_max = self.machine.device_bytes if speculates else \
+                min(self.machine.device_bytes, everything.device_bytes)
         self._replan()
 
     def _fill_contexts(self, longest: int) -> None:
@@ -192,5 +200,5 @@ class BudgetPanel(QWidget):
     def _request_load(self) -> None:
         self.load_requested.emit(LoadModel(
             self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budget,
-            ram_budget=self.ram_budget, context=self.context.currentData(),
+            ram_budget=self.ram_budget, context=self.context.currentData(), **self.speculation.options(),
         ))
