@@ -72,6 +72,7 @@ class ChatPanel(QWidget):
 
     def render(self) -> None:
         messages = self.store.branch(self.chat_id) if self.chat_id else []
+        self.view.colour_drafted = self.settings.settings()["colour_drafted"]
         self.view.show_messages(messages, {m.id: [s.id for s in self.store.siblings(m.id)] for m in messages})
         if self.answer is not None and self.answer.chat_id == self.chat_id:
             self._show_answer()
@@ -167,7 +168,8 @@ class ChatPanel(QWidget):
 
     def _show_answer(self) -> None:
         answer = self.answer
-        self.view.update_streaming(answer.message_id, answer.text, answer.reasoning, {"tokens": answer.tokens})
+        self.view.update_streaming(answer.message_id, answer.text, answer.reasoning,
+                                   {"tokens": answer.tokens, "drafted_spans": answer.drafted_spans})
 
     def _end_answer(self) -> None:
         self.answer = None
@@ -186,3 +188,5 @@ class ChatPanel(QWidget):
     def _store_settings(self, settings: dict) -> None:
         if self.chat_id is not None:
             self.store.set_settings(self.chat_id, settings)
+        if settings["colour_drafted"] != self.view.colour_drafted:
+            self.render()

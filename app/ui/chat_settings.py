@@ -2,6 +2,7 @@
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -32,6 +33,9 @@ class ChatSettingsPanel(QWidget):
         self.max_tokens = self._number(QSpinBox(), 1, 131072, 64)
         self.reasoning_effort = QComboBox()
         self.reasoning_effort.addItems(["low", "medium", "high"])
+        self.colour_drafted = QCheckBox("Colour drafted tokens")
+        self.colour_drafted.setToolTip("With speculation on, show answer text from accepted drafts in violet "
+                                       "(per speculative step).")
         layout = QFormLayout()
         layout.addRow("System prompt", self.system_prompt)
         layout.addRow("Temperature", self.temperature)
@@ -39,6 +43,7 @@ class ChatSettingsPanel(QWidget):
         layout.addRow("Top-k", self.top_k)
         layout.addRow("Max tokens", self.max_tokens)
         layout.addRow("Reasoning effort", self.reasoning_effort)
+        layout.addRow(self.colour_drafted)
         column = QVBoxLayout(self)
         column.addWidget(QLabel("<b>This chat's settings</b>"))
         column.addLayout(layout)
@@ -46,6 +51,7 @@ class ChatSettingsPanel(QWidget):
         self.show_settings(DEFAULT_SETTINGS)
         self.system_prompt.textChanged.connect(self._emit)
         self.reasoning_effort.currentTextChanged.connect(self._emit)
+        self.colour_drafted.toggled.connect(self._emit)
         for box in (self.temperature, self.top_p, self.top_k, self.max_tokens):
             box.valueChanged.connect(self._emit)
 
@@ -62,11 +68,13 @@ class ChatSettingsPanel(QWidget):
             "top_k": self.top_k.value(),
             "max_tokens": self.max_tokens.value(),
             "reasoning_effort": self.reasoning_effort.currentText(),
+            "colour_drafted": self.colour_drafted.isChecked(),
         }
 
     def show_settings(self, settings: dict) -> None:
         """Show `settings` without reporting them as a change."""
-        fields = (self.system_prompt, self.temperature, self.top_p, self.top_k, self.max_tokens, self.reasoning_effort)
+        fields = (self.system_prompt, self.temperature, self.top_p, self.top_k, self.max_tokens, self.reasoning_effort,
+                  self.colour_drafted)
         for field in fields:
             field.blockSignals(True)
         self.system_prompt.setPlainText(settings["system_prompt"])
@@ -75,6 +83,7 @@ class ChatSettingsPanel(QWidget):
         self.top_k.setValue(settings["top_k"])
         self.max_tokens.setValue(settings["max_tokens"])
         self.reasoning_effort.setCurrentText(settings["reasoning_effort"])
+        self.colour_drafted.setChecked(settings["colour_drafted"])
         for field in fields:
             field.blockSignals(False)
 

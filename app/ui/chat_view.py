@@ -22,9 +22,11 @@ class MessageWidget(QFrame):
     regenerate_requested = Signal(int)
     sibling_requested = Signal(int)
 
-    def __init__(self, message: Message, siblings: list[int], parent: QWidget | None = None):
+    def __init__(self, message: Message, siblings: list[int], colour_drafted: bool = False,
+                 parent: QWidget | None = None):
         super().__init__(parent)
         self.message_id = message.id
+        self.colour_drafted = colour_drafted
         self.role = message.role
         self.code_blocks: list[str] = []
         self.setObjectName("message")
@@ -87,7 +89,8 @@ class MessageWidget(QFrame):
 
     def show_text(self, text: str, reasoning: str, stats: dict, complete: bool, streaming: bool = False) -> None:
         self.text = text
-        html, self.code_blocks = markdown_html(text)
+        drafted = stats.get("drafted_spans", []) if self.colour_drafted else []
+        html, self.code_blocks = markdown_html(text, drafted)
         if streaming and not text:
             html = "<i>thinking…</i>" if reasoning else "<i>waiting for the first token…</i>"
         self.body.setText(html)
@@ -114,7 +117,10 @@ class MessageWidget(QFrame):
 
 
 class ChatView(QScrollArea):
-    """Signals: edit_requested(id), regenerate_requested(id), sibling_requested(id)."""
+    """Signals: edit_requested(id), regenerate_requested(id), sibling_requested(id).
+
+    With `colour_drafted`, answer text from accepted drafts (a message's stats["drafted_spans"]) is
+    shown in its own colour."""
 
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
@@ -131,6 +137,7 @@ class ChatView(QScrollArea):
         self.widgets: list[MessageWidget] = []
         self.verticalScrollBar().rangeChanged.connect(self._follow)
         self._at_bottom = True
+        self.colour_drafted = False
 
     def show_messages(self, messages: list[Message], siblings: dict[int, list[int]]) -> None:
         for widget in self.widgets:
@@ -139,7 +146,7 @@ class ChatView(QScrollArea):
             widget.deleteLater()
         self.widgets = []
         for message in messages:
-            widget = MessageWidget(message, siblings.get(message.id, [message.id]))
+            widget = MessageWidget(message, siblings.get(message.id, [message.id]), self.colour_drafted)
             widget.edit_requested.connect(self.edit_requested)
             widget.regenerate_requested.connect(self.regenerate_requested)
             widget.sibling_requested.connect(self.sibling_requested)

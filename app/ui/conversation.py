@@ -16,6 +16,7 @@ DEFAULT_SETTINGS = {
     "top_k": 0,
     "max_tokens": 2048,
     "reasoning_effort": "medium",
+    "colour_drafted": False,
 }
 FINISHED_REASONS = ("stop", "length", "context")  # the engine ended the answer itself
 TITLE_CHARS = 40
@@ -37,7 +38,12 @@ def engine_messages(store: ChatStore, last_id: int, system_prompt: str) -> list[
 
 
 class Answer:
-    """The assistant message being generated for `request_id`."""
+    """The assistant message being generated for `request_id`.
+
+    `drafted_spans` are [start, end) character ranges of `text` from speculative steps that accepted
+    drafts. Colour is per step, not per token: a step's pieces are the parser's text for all its tokens
+    together (a token may hold half a character, or a marker the parser swallows), so the step's last
+    token, the target's own, is coloured with its drafts."""
 
     def __init__(self, store: ChatStore, chat_id: int, parent_id: int, request_id: int, clock=time.perf_counter):
         self.store, self.chat_id, self.request_id, self.clock = store, chat_id, request_id, clock
@@ -46,6 +52,7 @@ class Answer:
         self.reasoning = ""
         self.tokens = 0
         self.accepted: list[int] = []
+        self.drafted_spans: list[list[int]] = []
         self.started = clock()
         self.first_token_at: float | None = None
 
@@ -54,14 +61,23 @@ class Answer:
             if event.token_ids and self.first_token_at is None:
                 self.first_token_at = self.clock()
             self.tokens += len(event.token_ids)
+            drafted = any(getattr(event, "drafted", ()))
             for kind, text in event.pieces:
                 if kind == "reasoning":
                     self.reasoning += text
                 else:
+                    if drafted and text:
+                        self._mark_drafted(len(self.text), len(self.text) + len(text))
                     self.text += text
             spec = getattr(event, "spec", None)
             if spec is not None:
                 self.accepted.append(spec.accepted)
+
+    def _mark_drafted(self, start: int, end: int) -> None:
+        if self.drafted_spans and self.drafted_spans[-1][1] == start:
+            self.drafted_spans[-1][1] = end
+        else:
+            self.drafted_spans.append([start, end])
 
     def finish(self, done: Done) -> dict:
         stats = self._stats(done.stop_reason, done.stats)
@@ -88,6 +104,8 @@ class Answer:
             stats["ttft_s"] = self.first_token_at - self.started
             if self.tokens > 1 and now > self.first_token_at:
                 stats["tok_s"] = (self.tokens - 1) / (now - self.first_token_at)
+        if self.drafted_spans:
+            stats["drafted_spans"] = self.drafted_spans
         spec = engine_stats.get("spec")
         if spec:
             stats["mean_accepted"] = spec["mean_accepted"]

@@ -9,6 +9,10 @@ from markdown_it import MarkdownIt
 CODE_BACKGROUND = "#f1f3f5"
 # Control characters (a random model writes them) would break Qt's rich text; newlines and tabs stay.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+DRAFTED_COLOUR = "#7048e8"  # the accepted-drafts colour of the speculation chart
+DRAFTED_START, DRAFTED_END = "\ue000", "\ue001"
+_BLOCK_PREFIX = re.compile(r"\s*(?:(?:#+|>+|[*+-]|\d+[.)])\s+)*")
+_UNMARKED_LINE = re.compile(r"(?:```|~~~).*|[-=*_\s]*")  # fences, rules, setext underlines, blank lines
 STOP_WORDS = {"stop": "finished", "length": "max tokens reached", "context": "context full", "cancelled": "stopped"}
 
 
@@ -31,11 +35,34 @@ def clean(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-def markdown_html(text: str) -> tuple[str, list[str]]:
-    """HTML for `text` and the contents of its code blocks (link `copy:N` copies block N)."""
+def markdown_html(text: str, drafted_spans: list[list[int]] = ()) -> tuple[str, list[str]]:
+    """HTML for `text` and the contents of its code blocks (link `copy:N` copies block N); the
+    [start, end) character ranges `drafted_spans` are shown in DRAFTED_COLOUR."""
     env: dict = {}
-    html = _markdown.render(clean(text), env)
-    return html, env.get("code_blocks", [])
+    html = _markdown.render(clean(_mark(text, drafted_spans)), env)
+    html = html.replace(DRAFTED_START, f'<span style="color:{DRAFTED_COLOUR}">').replace(DRAFTED_END, "</span>")
+    return html, [block.replace(DRAFTED_START, "").replace(DRAFTED_END, "") for block in env.get("code_blocks", [])]
+
+
+def _mark(text: str, spans: list[list[int]]) -> str:
+    """`text` with private-use characters around each span, which Markdown passes through as text.
+    Spans are cut at line ends so that a coloured run never crosses a block, and go after a line's
+    block syntax (heading, quote, list item) so that they do not change it; fences and rules stay
+    uncoloured."""
+    marked, done = [], 0
+    for start, end in spans:
+        marked.append(text[done:start])
+        marked.append("\n".join(_mark_line(line) for line in text[start:end].split("\n")))
+        done = end
+    marked.append(text[done:])
+    return "".join(marked)
+
+
+def _mark_line(line: str) -> str:
+    if _UNMARKED_LINE.fullmatch(line.strip()):
+        return line
+    prefix = _BLOCK_PREFIX.match(line).group(0)
+    return f"{prefix}{DRAFTED_START}{line[len(prefix):]}{DRAFTED_END}"
 
 
 def stats_line(stats: dict) -> str:
