@@ -61,3 +61,10 @@ def test_drafted_text_is_coloured_when_the_setting_is_on_and_not_when_off(qtbot,
     window.chat_settings.colour_drafted.setChecked(False)
     assert DRAFTED not in body() and "plain guessed" in body()
     window.close()
+
+
+def test_colouring_keeps_the_markdown_blocks_it_crosses():
+    text = "# Title\n- item one\n\n```py\nx = 1\n```\n"
+    html, blocks = markdown_html(text, [[0, len(text)]])
+    assert html.startswith(f"<h1>{DRAFTED}Title</span></h1>\n<ul>\n<li>{DRAFTED}item one</span></li>")
+    assert f"<pre>{DRAFTED}x = 1</span></pre>" in html and blocks == ["x = 1\n"]
