@@ -62,7 +62,9 @@ def test_the_engine_speculates_with_the_drafter_chosen_in_the_window(window, qtb
     assert answer.complete and steps and "mean_accepted" in answer.stats
     assert "accepted per step" in window.chat.view.widgets[-1].figures.text()
     qtbot.waitUntil(lambda: {"Speculation per step", RESIDENCY} <= set(window.charts.plots), timeout=5000)
-    assert list(window.charts.curves["block_size"].getData()[1])[-len(steps):] == [s.block_size for s in steps]
+    sizes = [s.block_size for s in steps]
+    qtbot.waitUntil(lambda: list(window.charts.curves["block_size"].getData()[1])[-len(sizes):] == sizes,
+                    timeout=2000)  # the next redraw has every step
     facts = window.budget.facts
     residency = window.charts.residency_image.image * facts.num_experts  # [T, layers]: resident experts
     assert residency.shape[1] == len(facts.moe_layers) and (residency == residency.round()).all()
