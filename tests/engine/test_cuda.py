@@ -4,11 +4,9 @@ Skipped without a CUDA device; run on the GPU machine with `python -m pytest tes
 import pytest
 import torch
 
-from app.engine.generate import generate
 from app.engine.loader import load_model
-from app.engine.protocol import Done, Tokens
-from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
+from tests.engine.greedy import greedy_with_stats
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -16,11 +14,7 @@ PROMPT = list(range(40, 60))
 
 
 def greedy(loaded, count: int) -> tuple[list[int], dict]:
-    model = loaded.model
-    events = list(generate(model, model.new_kv_cache(len(PROMPT) + count), PROMPT,
-                           Sampler(SamplingParams(), model.device), count, stop_ids=[]))
-    tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
-    return tokens, events[-1].stats if isinstance(events[-1], Done) else {}
+    return greedy_with_stats(loaded, PROMPT, count)
 
 
 def load(folder, device: str, **options):

@@ -6,11 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from app.engine.generate import generate
 from app.engine.loader import load_model
-from app.engine.protocol import Tokens
-from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
+from tests.engine.greedy import our_greedy, reference_greedy
 from tests.fixtures.tiny_glm import VARIANTS
 
 PROMPT_LENGTH = 20  # longer than the tiny GLM-5's index_topk of 8: the DSA indexer drops tokens
@@ -24,21 +22,6 @@ def prompt(seed: int) -> list[int]:
 
 def reference(folder):
     return AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-
-
-def reference_greedy(model, ids: list[int], count: int) -> list[int]:
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(count):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[-count:]
-
-
-def our_greedy(loaded, ids: list[int], count: int) -> list[int]:
-    model = loaded.model
-    events = generate(model, model.new_kv_cache(len(ids) + count), ids,
-                      Sampler(SamplingParams(), model.device), count, stop_ids=[])
-    return [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
 
 
 def load(folder, **options):

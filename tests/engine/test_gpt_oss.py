@@ -4,11 +4,9 @@ import pytest
 import torch
 from transformers import GptOssForCausalLM
 
-from app.engine.generate import generate
 from app.engine.loader import load_model
-from app.engine.protocol import Tokens
-from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
+from tests.engine.greedy import our_greedy, reference_greedy
 
 PROMPT_LENGTH = 20  # longer than the tiny model's sliding window of 8
 NEW_TOKENS = 32
@@ -20,21 +18,6 @@ def prompt(seed: int = 7) -> list[int]:
 
 def reference(folder) -> GptOssForCausalLM:
     return GptOssForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
-
-
-def reference_greedy(model: GptOssForCausalLM, ids: list[int], count: int) -> list[int]:
-    ids = list(ids)
-    with torch.no_grad():
-        for _ in range(count):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[-count:]
-
-
-def our_greedy(loaded, ids: list[int], count: int) -> list[int]:
-    model = loaded.model
-    events = generate(model, model.new_kv_cache(len(ids) + count), ids,
-                      Sampler(SamplingParams(), model.device), count, stop_ids=[])
-    return [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
 
 
 @pytest.fixture(params=["mxfp4", "dense"])
