@@ -87,7 +87,10 @@ def main() -> None:
     window.show()
     window.library.add_folder(str(tiny))
     budget = window.budget
-    budget.gpu_slider.setValue(985)  # about half the tiny model's experts on the device
+    value = budget.gpu_slider.maximum()
+    while budget.placement is None or budget.placement.expert_slots > budget.facts.total_experts // 2:
+        value -= 1  # down to at most half the tiny model's experts on the device
+        budget.gpu_slider.setValue(value)
     budget.load_button.click()
     wait(app, lambda: window.client.info is not None)
 
