@@ -17,7 +17,6 @@ from app.errors import UserError
 
 PER_CHANNEL_SCALE = "weight_scale"
 BLOCK_SCALE = "weight_scale_inv"
-FP8_DTYPE = "F8_E4M3"
 SUPPORTED = "mxfp4 (gpt-oss), fp8 with weight_block_size, compressed-tensors float-quantized per-channel FP8"
 
 

@@ -13,12 +13,6 @@ from app.engine.layers import attend, causal_mask, finish_forward, rms_norm
 from app.engine.rope import Rotary, rotate_halves
 from app.kernels.gpt_oss_experts import gpt_oss_experts_op
 
-MXFP4_EXPERT_TENSORS = (
-    "gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias",
-    "down_proj_blocks", "down_proj_scales", "down_proj_bias",
-)
-DENSE_EXPERT_TENSORS = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
-
 
 @dataclass(frozen=True)
 class GptOssConfig:
