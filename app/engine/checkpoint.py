@@ -72,6 +72,15 @@ class Checkpoint:
             )
         return {"weight": weight, suffix: self.tensor(scale_name, expected)}
 
+    def loader(self, device: torch.device, dtype: torch.dtype, prefix: str = ""):
+        """`load(name, shape, keep_float32=False)`: a resident weight, shape-checked, on `device` in
+        `dtype` (norms stay float32 when asked)."""
+
+        def load(name: str, shape: tuple[int, ...], keep_float32: bool = False) -> torch.Tensor:
+            return self.tensor(prefix + name, shape).to(device, torch.float32 if keep_float32 else dtype)
+
+        return load
+
     def dequantized(
         self, module: str, shape: tuple[int, ...], device: torch.device, dtype: torch.dtype
     ) -> torch.Tensor:

@@ -27,3 +27,16 @@ def greedy_with_stats(loaded, ids: list[int], count: int) -> tuple[list[int], di
 
 def our_greedy(loaded, ids: list[int], count: int) -> list[int]:
     return greedy_with_stats(loaded, ids, count)[0]
+
+
+def prompt_and_decode_logits(model, reference, ids: list[int], steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ours, the reference's) logits [len(ids) + steps - 1, V] over the prompt and then `steps - 1`
+    decode steps that feed the reference's own greedy tokens one at a time into our cache."""
+    cache = model.new_kv_cache(len(ids) + steps)
+    with torch.inference_mode():
+        ours = [model.forward(torch.tensor(ids), cache)]
+        continuation = reference_greedy(reference, ids, steps)
+        for token in continuation[:-1]:
+            ours.append(model.forward(torch.tensor([token]), cache))
+        expected = reference(torch.tensor([ids + continuation[:-1]])).logits[0]
+    return torch.cat(ours), expected

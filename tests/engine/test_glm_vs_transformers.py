@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
-from tests.engine.greedy import our_greedy, reference_greedy
+from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy
 from tests.fixtures.tiny_glm import VARIANTS
 
 PROMPT_LENGTH = 20  # longer than the tiny GLM-5's index_topk of 8: the DSA indexer drops tokens
@@ -32,15 +32,7 @@ def load(folder, **options):
 def test_logits_match_transformers_on_prompt_and_decode_steps(variant, tiny_glm, glm_oracle_folder):
     ref = reference(glm_oracle_folder(variant))
     model = load(tiny_glm(variant)).model
-    ids = prompt(7)
-    cache = model.new_kv_cache(64)
-    with torch.inference_mode():
-        ours = [model.forward(torch.tensor(ids), cache)]
-        continuation = reference_greedy(ref, ids, 6)
-        for token in continuation[:-1]:
-            ours.append(model.forward(torch.tensor([token]), cache))
-        expected = ref(torch.tensor([ids + continuation[:-1]])).logits[0]
-    ours = torch.cat(ours)
+    ours, expected = prompt_and_decode_logits(model, ref, prompt(7), 6)
     assert ours.shape == expected.shape
     assert (ours - expected).abs().max() <= TOLERANCE[VARIANTS[variant][2]]
     assert expected.std() > 0.5  # the comparison is not between near-constant logits

@@ -6,7 +6,7 @@ from transformers import GptOssForCausalLM
 
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
-from tests.engine.greedy import our_greedy, reference_greedy
+from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy
 
 PROMPT_LENGTH = 20  # longer than the tiny model's sliding window of 8
 NEW_TOKENS = 32
@@ -28,15 +28,7 @@ def checkpoint(request, tiny_gpt_oss, tiny_gpt_oss_dense):
 def test_logits_match_transformers_on_prompt_and_decode_steps(checkpoint):
     ref = reference(checkpoint)
     model = load_model(ModelFolder.open(checkpoint), dtype="float32", context=64).model
-    ids = prompt()
-    cache = model.new_kv_cache(64)
-    with torch.inference_mode():
-        ours = [model.forward(torch.tensor(ids), cache)]
-        continuation = reference_greedy(ref, ids, 6)
-        for token in continuation[:-1]:
-            ours.append(model.forward(torch.tensor([token]), cache))
-        expected = ref(torch.tensor([ids + continuation[:-1]])).logits[0]
-    ours = torch.cat(ours)
+    ours, expected = prompt_and_decode_logits(model, ref, prompt(), 6)
     assert ours.shape == expected.shape
     assert (ours - expected).abs().max() <= 1e-4
     assert expected.std() > 0.5  # the comparison is not between near-constant logits

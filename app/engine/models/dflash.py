@@ -117,9 +117,7 @@ class DFlashDrafter:
         hidden, heads, kv_heads, head_dim = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         prefix = "model." if checkpoint.has("model.norm.weight") else ""
 
-        def load(name: str, shape: tuple[int, ...], keep_float32: bool = False) -> torch.Tensor:
-            dtype = torch.float32 if keep_float32 else self.dtype
-            return checkpoint.tensor(prefix + name, shape).to(self.device, dtype)
+        load = checkpoint.loader(self.device, self.dtype, prefix)
 
         width = len(c.target_layer_ids) * hidden
         fc_shape = checkpoint.info(prefix + "fc.weight").shape

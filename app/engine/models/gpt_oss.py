@@ -104,8 +104,7 @@ class GptOss:
         self.dtype = dtype
         heads, kv_heads, head_dim, hidden = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
 
-        def load(name: str, shape: tuple[int, ...], keep_float32: bool = False) -> torch.Tensor:
-            return checkpoint.tensor(name, shape).to(device, torch.float32 if keep_float32 else dtype)
+        load = checkpoint.loader(device, dtype)
 
         self.embed = load("model.embed_tokens.weight", (c.vocab_size, hidden))
         self.lm_head = (
