@@ -19,3 +19,23 @@ def decode_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype)
     values = torch.ldexp(values, exponents.unsqueeze(-1).to(dtype))
     return values.flatten(-2)
 
+
+
+# Rounding boundaries between neighbouring e2m1 magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6.
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+
+
+def encode_mxfp4(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """values [..., G * 32] -> (blocks [..., G, 16] uint8, scales [..., G] uint8), the inverse of
+    `decode_mxfp4` up to rounding: each group's scale is the smallest power of two that brings its
+    largest magnitude within 6 (so nothing clips), and each value rounds to the nearest e2m1 code."""
+    groups = values.float().unflatten(-1, (-1, 32))  # [..., G, 32]
+    largest = groups.abs().amax(dim=-1).clamp(min=2.0**-126)
+    exponents = torch.ceil(torch.log2(largest / 6.0)).clamp(-127, 127)  # [..., G]
+    scaled = groups / torch.exp2(exponents).unsqueeze(-1)
+    midpoints = torch.tensor(_E2M1_MIDPOINTS, device=values.device)
+    magnitudes = torch.bucketize(scaled.abs(), midpoints).to(torch.uint8)  # codes 0 … 7
+    codes = torch.where((scaled < 0) & (magnitudes > 0), magnitudes + 8, magnitudes)
+    pairs = codes.unflatten(-1, (16, 2))
+    blocks = pairs[..., 0] | (pairs[..., 1] << 4)
+    return blocks, (exponents + 127).to(torch.uint8)

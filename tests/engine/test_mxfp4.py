@@ -2,7 +2,7 @@
 
 import torch
 
-from app.engine.mxfp4 import decode_mxfp4
+from app.engine.mxfp4 import E2M1_VALUES, decode_mxfp4, encode_mxfp4
 
 
 def e2m1_by_bits(code: int) -> float:
@@ -35,3 +35,27 @@ def test_leading_dimensions_are_kept():
     decoded = decode_mxfp4(blocks, scales, torch.float32)
     assert decoded.shape == (3, 5, 64)
     assert torch.equal(decoded[1, 2], decode_mxfp4(blocks[1, 2], scales[1, 2], torch.float32))
+
+
+def test_encoding_decoded_values_gives_them_back_exactly():
+    blocks = torch.randint(0, 256, (4, 6, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    blocks[..., 0] |= 0x07  # every group holds a magnitude 6, so its scale is the one encoding picks
+    scales = torch.randint(100, 140, (4, 6), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    values = decode_mxfp4(blocks, scales, torch.float32)
+    again = decode_mxfp4(*encode_mxfp4(values), torch.float32)
+    assert torch.equal(again, values)
+
+
+def test_encoding_rounds_each_value_to_the_nearest_code_of_a_scale_that_does_not_clip():
+    values = torch.randn(8, 64, generator=torch.Generator().manual_seed(3)) * 0.02
+    blocks, scales = encode_mxfp4(values)
+    assert blocks.shape == (8, 2, 16) and scales.shape == (8, 2)
+    decoded = decode_mxfp4(blocks, scales, torch.float32)
+    grid = torch.tensor(E2M1_VALUES)
+    for row in range(8):
+        for group in range(2):
+            scale = 2.0 ** (int(scales[row, group]) - 127)
+            chunk = values[row, group * 32:(group + 1) * 32]
+            assert chunk.abs().max() <= 6 * scale < 2 * chunk.abs().max()  # the smallest scale that fits
+            nearest = (chunk[:, None] - grid * scale).abs().min(dim=1).values
+            assert torch.allclose((decoded[row, group * 32:(group + 1) * 32] - chunk).abs(), nearest)
