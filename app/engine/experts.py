@@ -16,6 +16,7 @@ from app.engine.op_graph import SingleTokenGraph
 PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
 ExpertTensors = dict[str, torch.Tensor]
 ExpertKey = tuple[int, int]  # (layer, expert)
+OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_parallel.py): no slot, no copy here
 
 
 class ExpertStore:
@@ -81,6 +82,9 @@ class CacheStats:
     def since(self, earlier: "CacheStats") -> "CacheStats":
         return CacheStats(**{name: value - getattr(earlier, name) for name, value in self.__dict__.items()})
 
+    def plus(self, other: "CacheStats") -> "CacheStats":
+        return CacheStats(**{name: value + getattr(other, name) for name, value in self.__dict__.items()})
+
     def as_dict(self) -> dict[str, float]:
         stats = dict(self.__dict__)
         stats["prefetch_coverage"] = self.predicted_used / self.used_after_prediction if self.predicted else 0.0
@@ -106,7 +110,9 @@ class ExpertCache:
         self.arenas = {
             name: torch.empty((num_slots, *t.shape), dtype=t.dtype, device=device) for name, t in template.items()
         }
-        self.slot_table = torch.full((max(store.layers) + 1, store.num_experts), -1, dtype=torch.long, device=device)
+        # the extra last column stays -1: OTHER_DEVICE indexes it, so such picks get no slot
+        self.slot_table = torch.full((max(store.layers) + 1, store.num_experts + 1), -1, dtype=torch.long,
+                                     device=device)
         self.complete = False
         self._slot_of: OrderedDict[ExpertKey, int] = OrderedDict()
         self._free = list(range(num_slots - 1, -1, -1))
@@ -194,7 +200,7 @@ class ExpertCache:
         layers = sorted(predictions or {})
         # one host synchronisation for this layer's routing and the look-ahead predictions
         wanted = torch.cat([top_experts.flatten(), *(predictions[later].flatten() for later in layers)]).tolist()
-        used = sorted(set(wanted[: top_experts.numel()]))
+        used = sorted(set(wanted[: top_experts.numel()]) - {OTHER_DEVICE})
         self._score_prediction(layer, used)
         if len(used) <= self.num_slots:
             slots = self.ensure(layer, used)
@@ -206,14 +212,14 @@ class ExpertCache:
         offset = top_experts.numel()
         for later in layers:
             count = predictions[later].numel()
-            self.prefetch(later, sorted(set(wanted[offset : offset + count])))
+            self.prefetch(later, sorted(set(wanted[offset : offset + count]) - {OTHER_DEVICE}))
             offset += count
         return out
 
     def _run_in_groups(self, layer, used, hidden, top_experts, top_weights, experts_fn) -> torch.Tensor:
         """More experts than slots (a long prefill chunk): one op call per group that fits."""
         out = torch.zeros_like(hidden)
-        slot_of = torch.full((self.store.num_experts,), -1, dtype=torch.long, device=hidden.device)
+        slot_of = torch.full((self.store.num_experts + 1,), -1, dtype=torch.long, device=hidden.device)
         for experts, slots in self.groups(layer, used):
             self._wait_for_copies(slots)
             slot_of.fill_(-1)
@@ -249,11 +255,11 @@ class ExpertCache:
         return replace(self.stats)
 
     def _count_resident_uses(self, top_experts: torch.Tensor) -> None:
-        if len(top_experts) == 1:  # one token's top-k are distinct experts: no need to count them
-            self._resident_uses += top_experts.shape[1]
+        if len(top_experts) == 1:  # one token's top-k are distinct experts: only OTHER_DEVICE repeats
+            self._resident_uses += (top_experts != OTHER_DEVICE).sum()
             return
-        used = torch.zeros(self.store.num_experts, dtype=torch.long, device=top_experts.device)
-        self._resident_uses += used.index_fill_(0, top_experts.flatten(), 1).sum()
+        used = torch.zeros(self.store.num_experts + 1, dtype=torch.long, device=top_experts.device)
+        self._resident_uses += used.index_fill_(0, top_experts.flatten(), 1)[:-1].sum()  # OTHER_DEVICE is last
 
     def _score_prediction(self, layer: int, used: list[int]) -> None:
         predicted = self._predicted.pop(layer, None)

@@ -77,7 +77,8 @@ def generate(
                 break
             token = sampler.sample(decode(token))
             emitted += 1
-    yield Done(reason, generation_stats(model, len(prompt_ids), emitted, started, first_token_at, stats_before))
+    expert_cache = model.experts.snapshot().since(stats_before)
+    yield Done(reason, generation_stats(len(prompt_ids), emitted, started, first_token_at, expert_cache))
 
 
 def stop_reason(
@@ -94,14 +95,15 @@ def stop_reason(
     return None
 
 
-def generation_stats(model, prompt_tokens: int, emitted: int, started: float, first_token_at: float,
-                     stats_before: CacheStats) -> dict:
-    """Done's statistics: the first token comes from the prefill, the others from decode steps."""
+def generation_stats(prompt_tokens: int, emitted: int, started: float, first_token_at: float,
+                     expert_cache: CacheStats) -> dict:
+    """Done's statistics: the first token comes from the prefill, the others from decode steps;
+    `expert_cache` is the cache's work for this generation."""
     decode_seconds = time.perf_counter() - first_token_at
     return {
         "prefill_tokens": prompt_tokens,
         "decode_tokens": emitted - 1,
         "ttft_s": first_token_at - started,
         "decode_tok_s": (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0,
-        "expert_cache": model.experts.snapshot().since(stats_before).as_dict(),
+        "expert_cache": expert_cache.as_dict(),
     }

@@ -169,6 +169,27 @@ class GptOss:
         cache.advance(len(token_ids))
         return finish_forward(self, x, outputs, capture, last_only)
 
+    def decode_batch(self, token_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """One token from each of N sequences, token_ids [N] and one cache per sequence -> logits [N, vocab]
+        (float32). Attention runs per sequence over its own cache; each layer's routed experts run once
+        for all N tokens, so one expert sweep serves the whole batch."""
+        sequences = []
+        for cache in caches:
+            cache.check_room(1)
+            positions = cache.positions(1)
+            masks = {window: causal_mask(positions, cache.num_rows(1), window)
+                     for window in (None, self.config.sliding_window)}
+            sequences.append((masks, *self.rotary.cos_sin(positions, self.dtype), cache))
+        x = self.embed[token_ids]
+        for index, layer in enumerate(self.layers):
+            normed = rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
+            x = x + torch.cat([self._attention(index, layer, normed[i : i + 1], *sequence)
+                               for i, sequence in enumerate(sequences)])
+            x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+        for cache in caches:
+            cache.advance(1)
+        return finish_forward(self, x, {}, (), last_only=False)
+
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
         embedding reached it: the layer's router on its normed embedding. A guess available before a

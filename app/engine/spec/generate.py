@@ -69,7 +69,8 @@ def speculative_generate(
                 if reason:
                     break
             yield Tokens(out, drafted=[i < kept for i in range(len(out))], spec=_spec_step(size, kept, step, experts))
-    stats = generation_stats(model, len(prompt_ids), emitted, started, first_token_at, stats_before)
+    stats = generation_stats(len(prompt_ids), emitted, started, first_token_at,
+                             model.experts.snapshot().since(stats_before))
     stats["spec"] = {
         "policy": "fixed" if block_size else "cost-aware",
         "steps": len(block_sizes),

@@ -1,0 +1,119 @@
+"""Continuous batching: several sequences, each with its own KV cache, decoded together so that one
+step runs each layer's routed experts once for every sequence's token. A sequence joins between steps
+(its prompt is prefilled alone, its first token emitted) and leaves as soon as it ends or is cancelled."""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from app.engine.experts import CacheStats
+from app.engine.generate import check_prompt, decode_step, generation_stats, prefill, stop_reason
+from app.engine.kv_cache import KVCache
+from app.engine.protocol import Done, Tokens
+from app.engine.sampling import Sampler, SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    request_id: int
+    prompt_tokens: int
+    cache: KVCache
+    sampler: Sampler
+    max_new_tokens: int
+    parser: object | None  # the tokenizer's OutputParser, None without a tokenizer
+    started: float
+    token: int = -1  # the last token emitted, the next step's input
+    emitted: int = 0
+    first_token_at: float = 0.0
+    expert_cache: CacheStats = field(default_factory=CacheStats)  # its prefill and every step it was in
+    steps: int = 0
+    batched_with: int = 0  # sum over its steps of the batch size
+    decode_alone: Callable[[int], torch.Tensor] | None = None  # for steps where it is the only sequence
+
+
+class Batch:
+    """The sequences decoding on one loaded model (`session`), at most `max_sequences` at once.
+
+    Every call returns the events it produced: `Tokens` per sequence and step, then the end of a
+    sequence as its parser's last text and `Done`, whose stats have generate's figures plus `batch`
+    (steps, mean batch size). A step's expert-cache work counts in full for each sequence in it.
+    """
+
+    def __init__(self, session, max_sequences: int):
+        self.model = session.loaded.model
+        self.context = session.loaded.context
+        self.tokenizer = session.tokenizer
+        self.stop_ids = session.loaded.folder.stop_token_ids()
+        self.max_sequences = max_sequences
+        self.sequences: dict[int, Sequence] = {}
+
+    @property
+    def has_room(self) -> bool:
+        return len(self.sequences) < self.max_sequences
+
+    def join(self, request_id: int, prompt_ids: list[int], sampling: SamplingParams,
+             max_new_tokens: int) -> list[Tokens | Done]:
+        assert request_id not in self.sequences, f"request {request_id} is already decoding"
+        model = self.model
+        check_prompt(prompt_ids, model.config.vocab_size)
+        cache = model.new_kv_cache(min(len(prompt_ids) + max_new_tokens, self.context))
+        cache.check_room(len(prompt_ids))
+        parser = self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None
+        sequence = Sequence(request_id, len(prompt_ids), cache, Sampler(sampling, model.device), max_new_tokens,
+                            parser, time.perf_counter())
+        before = model.experts.snapshot()
+        with torch.inference_mode():
+            sequence.token = sequence.sampler.sample(prefill(model, cache, prompt_ids))
+        sequence.first_token_at = time.perf_counter()
+        sequence.expert_cache = model.experts.snapshot().since(before)
+        self.sequences[request_id] = sequence
+        return self._emit(sequence)
+
+    def step(self) -> list[Tokens | Done]:
+        """One decode step of every sequence."""
+        sequences = list(self.sequences.values())
+        before = self.model.experts.snapshot()
+        with torch.inference_mode():
+            if len(sequences) == 1:
+                alone = sequences[0]
+                alone.decode_alone = alone.decode_alone or decode_step(self.model, alone.cache)
+                logits = alone.decode_alone(alone.token)[None]
+            else:
+                tokens = torch.tensor([s.token for s in sequences], device=self.model.device)
+                logits = self.model.decode_batch(tokens, [s.cache for s in sequences])  # [N, V]
+            next_tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(sequences)]
+        work = self.model.experts.snapshot().since(before)
+        events = []
+        for sequence, token in zip(sequences, next_tokens, strict=True):
+            sequence.token = token
+            sequence.expert_cache = sequence.expert_cache.plus(work)
+            sequence.steps += 1
+            sequence.batched_with += len(sequences)
+            events += self._emit(sequence)
+        return events
+
+    def leave(self, request_id: int) -> bool:
+        """Drop a sequence (cancelled); False if it is not decoding here."""
+        return self.sequences.pop(request_id, None) is not None
+
+    def _emit(self, sequence: Sequence) -> list[Tokens | Done]:
+        sequence.emitted += 1
+        token, parser = sequence.token, sequence.parser
+        events = [Tokens([token], parser.feed([token]) if parser else [], sequence.request_id)]
+        cache = sequence.cache
+        reason = stop_reason(token, sequence.emitted, sequence.max_new_tokens, self.stop_ids, cache.length,
+                             cache.capacity)
+        if reason:
+            del self.sequences[sequence.request_id]
+            if parser:
+                events.append(Tokens([], parser.finish(), sequence.request_id))
+            events.append(Done(reason, self._stats(sequence), sequence.request_id))
+        return events
+
+    def _stats(self, sequence: Sequence) -> dict:
+        stats = generation_stats(sequence.prompt_tokens, sequence.emitted, sequence.started, sequence.first_token_at,
+                                 sequence.expert_cache)
+        mean_size = sequence.batched_with / sequence.steps if sequence.steps else 0.0
+        return {**stats, "batch": {"steps": sequence.steps, "mean_size": mean_size}}

@@ -1,0 +1,102 @@
+"""Continuous batching against its oracle: each request decoded alone by `moechat generate`."""
+
+import json
+
+import pytest
+
+from app.cli import main
+from app.engine.batch import Batch
+from app.engine.protocol import Done, Tokens
+from app.engine.sampling import SamplingParams
+from app.engine.session import Session
+from app.model_folder import ModelFolder
+from app.plan import ModelFacts, plan_placement
+
+CONTEXT = 48
+PROMPTS = {1: [5, 6, 7, 8, 9, 10], 2: [40, 41], 3: [100, 7, 250, 3, 9, 12, 13, 14, 15], 4: [300, 301, 302]}
+MAX_NEW = {1: 12, 2: 20, 3: 7, 4: 16}
+
+
+def budget_for_slots(model, slots: int, context: int = CONTEXT) -> int:
+    """A float32 budget that leaves exactly `slots` expert slots."""
+    facts = ModelFacts.from_folder(ModelFolder.open(model))
+    fixed = plan_placement(facts, None, None, context, 4)
+    return fixed.resident_bytes + fixed.kv_cache_bytes + fixed.workspace_bytes + slots * facts.expert_bytes
+
+
+def generated_alone(model, capsys, prompt: list[int], max_new: int) -> dict:
+    code = main(["generate", str(model), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens",
+                 str(max_new), "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def offloaded_session(tiny_gpt_oss):
+    session = Session.load(tiny_gpt_oss, context=CONTEXT, dtype="float32",
+                           gpu_budget=budget_for_slots(tiny_gpt_oss, 3))
+    assert session.loaded.model.experts.num_slots == 3
+    return session
+
+
+def test_concurrent_greedy_requests_give_the_tokens_of_sequential_runs(tiny_gpt_oss, offloaded_session, capsys,
+                                                                      monkeypatch):
+    batch = Batch(offloaded_session, max_sequences=4)
+    experts = offloaded_session.loaded.model.experts
+    sweeps, run = [], experts.run
+
+    def counted_run(layer, *args, **kwargs):
+        sweeps.append(layer)
+        return run(layer, *args, **kwargs)
+
+    monkeypatch.setattr(experts, "run", counted_run)
+    events = batch.join(1, PROMPTS[1], SamplingParams(), MAX_NEW[1]) + batch.join(2, PROMPTS[2], SamplingParams(),
+                                                                                  MAX_NEW[2])
+    events += batch.step()
+    events += batch.join(3, PROMPTS[3], SamplingParams(), MAX_NEW[3])  # joins between steps
+    sweeps.clear()
+    events += batch.step()
+    assert sweeps == list(experts.store.layers)  # one expert sweep per layer for all three sequences
+    events += batch.join(4, PROMPTS[4], SamplingParams(), MAX_NEW[4])
+    while batch.sequences:
+        events += batch.step()
+
+    for request_id, prompt in PROMPTS.items():
+        alone = generated_alone(tiny_gpt_oss, capsys, prompt, MAX_NEW[request_id])
+        tokens = [t for e in events if isinstance(e, Tokens) and e.request_id == request_id for t in e.token_ids]
+        done = next(e for e in events if isinstance(e, Done) and e.request_id == request_id)
+        assert tokens == alone["token_ids"], request_id
+        assert done.stop_reason == alone["stop_reason"]
+        assert done.stats["prefill_tokens"] == len(prompt)
+        assert done.stats["decode_tokens"] == len(tokens) - 1
+    stats = {e.request_id: e.stats for e in events if isinstance(e, Done)}
+    assert stats[3]["batch"]["mean_size"] > 1
+    assert all(s["expert_cache"]["misses"] > 0 for s in stats.values())
+
+
+def test_a_sequence_leaves_at_once_and_the_others_go_on(offloaded_session):
+    batch = Batch(offloaded_session, max_sequences=2)
+    batch.join(1, PROMPTS[1], SamplingParams(), 30)
+    batch.join(2, PROMPTS[2], SamplingParams(temperature=0.9, seed=4), 30)
+    assert not batch.has_room
+    batch.step()
+    assert batch.leave(1) and not batch.leave(1)
+    events = batch.step()
+    assert {e.request_id for e in events} == {2}
+    assert batch.has_room
+
+
+def test_a_seeded_sampled_request_does_not_depend_on_its_neighbours(offloaded_session):
+    def tokens_of(request_id: int, batch: Batch, events: list) -> list[int]:
+        while batch.sequences:
+            events += batch.step()
+        return [t for e in events if isinstance(e, Tokens) and e.request_id == request_id for t in e.token_ids]
+
+    sampled = SamplingParams(temperature=1.0, seed=11)
+    alone = Batch(offloaded_session, max_sequences=4)
+    alone_tokens = tokens_of(7, alone, alone.join(7, PROMPTS[3], sampled, 10))
+    crowded = Batch(offloaded_session, max_sequences=4)
+    events = crowded.join(8, PROMPTS[1], SamplingParams(temperature=1.0, seed=1), 10)
+    events += crowded.join(7, PROMPTS[3], sampled, 10)
+    assert tokens_of(7, crowded, events) == alone_tokens
