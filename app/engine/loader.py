@@ -6,11 +6,13 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.checkpoint import Checkpoint
+from app.engine.expert_parallel import ExpertParallelCache
 from app.engine.experts import ExpertCache, ExpertStore
 from app.engine.models import ARCHITECTURES
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, Placement, dtype_bytes, plan_placement
+from app.plan_gpus import combined, plan_gpus
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -21,6 +23,7 @@ class LoadedModel:
     facts: ModelFacts
     placement: Placement
     model: object  # one of the ARCHITECTURES' model classes
+    gpu_placements: tuple[Placement, ...] = ()  # one per GPU when the experts are spread over several
 
     @property
     def context(self) -> int:
@@ -35,22 +38,37 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def expert_devices(device: torch.device, count: int) -> list[torch.device]:
+    """The devices of an expert-parallel cache: the first `count` GPUs, or `count` arenas in RAM on the CPU
+    (the same code path, so it runs in CI)."""
+    if device.type == "cpu":
+        return [device] * count
+    if torch.cuda.device_count() < count:
+        raise UserError(f"{count} GPU budgets were given but this machine has {torch.cuda.device_count()} CUDA "
+                        "GPU(s): give one budget per GPU")
+    return [torch.device("cuda", index) for index in range(count)]
+
+
 def load_model(
     folder: ModelFolder,
     device: str = "cpu",
     dtype: str = "bfloat16",
-    gpu_budget: int | None = None,
+    gpu_budget: int | tuple[int, ...] | None = None,
     ram_budget: int | None = None,
     context: int = 4096,
     prefetch_layers: int = 0,
     on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
 ) -> LoadedModel:
     """`on_progress(stage, fraction)` is called between stages and per layer of experts; raising
-    from it cancels the load."""
+    from it cancels the load. A tuple of budgets, one per GPU, spreads the experts over the GPUs."""
     torch_device = resolve_device(device)
     on_progress("planning", 0.0)
     facts = ModelFacts.from_folder(folder)
-    placement = plan_placement(facts, gpu_budget, ram_budget, context, dtype_bytes(dtype))
+    budgets = gpu_budget if isinstance(gpu_budget, tuple) else (gpu_budget,)
+    gpu_placements = plan_gpus(facts, budgets, ram_budget, context, dtype_bytes(dtype)) if len(budgets) > 1 else ()
+    placement = combined(gpu_placements) if gpu_placements else \
+        plan_placement(facts, budgets[0], ram_budget, context, dtype_bytes(dtype))
+    devices = expert_devices(torch_device, len(gpu_placements)) if gpu_placements else [torch_device]
     config_class, model_class, make_reader = ARCHITECTURES[folder.model_type]
     try:
         config = config_class.from_dict(folder.config)
@@ -66,10 +84,14 @@ def load_model(
         on_layer=lambda done: on_progress("expert store", done / len(facts.moe_layers)),
     )
     on_progress("expert cache", 0.0)
-    cache = ExpertCache(store, placement.expert_slots, torch_device, prefetch_layers)
-    if placement.expert_slots >= facts.total_experts:
-        cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
+    if gpu_placements:
+        cache = ExpertParallelCache(store, [p.expert_slots for p in gpu_placements], devices, prefetch_layers)
+        cache.preload_owned()
+    else:
+        cache = ExpertCache(store, placement.expert_slots, torch_device, prefetch_layers)
+        if placement.expert_slots >= facts.total_experts:
+            cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
     on_progress("resident weights", 0.0)
     model = model_class(config, checkpoint, cache, DTYPES[dtype])
     on_progress("ready", 1.0)
-    return LoadedModel(folder, facts, placement, model)
+    return LoadedModel(folder, facts, placement, model, gpu_placements)

@@ -1,0 +1,68 @@
+"""The placement over several GPUs (expert parallel), one budget per GPU (pure Python).
+
+The first GPU holds what `plan_placement` puts on a single device (resident weights, KV cache,
+workspace) and a share of the expert slots; every other GPU holds expert slots and the workspace
+of the expert op. When the slots of all GPUs could hold every routed expert, the experts are
+spread as evenly as the budgets allow, so no link and no device carries more than it must.
+"""
+
+from dataclasses import replace
+
+from app.errors import UserError
+from app.plan import PREFILL_CHUNK, RUNTIME_RESERVE, Hardware, ModelFacts, Placement, plan_placement, predict_decode
+from app.sizes import format_size
+
+
+def expert_workspace(facts: ModelFacts, context: int, dtype_bytes: int) -> int:
+    """Device bytes besides the slots on a GPU that only runs experts: a dequantized expert (the
+    torch op), a prefill chunk's hidden states in and out, and the allocator's reserve."""
+    chunk = min(PREFILL_CHUNK, context)
+    return (facts.expert_weights + 4 * chunk * facts.hidden_size) * dtype_bytes + RUNTIME_RESERVE
+
+
+def plan_gpus(facts: ModelFacts, gpu_budgets: tuple[int, ...], ram_budget: int | None, context: int,
+              dtype_bytes: int) -> tuple[Placement, ...]:
+    """One placement per GPU (the host store and disk fields are the whole model's, the same in all).
+    Raises UserError when a GPU's budget cannot hold its part."""
+    try:
+        first = plan_placement(facts, gpu_budgets[0], ram_budget, context, dtype_bytes)
+    except UserError as error:
+        raise UserError(f"GPU 0: {error}") from None
+    workspace = expert_workspace(facts, context, dtype_bytes)
+    capacities = [min(first.expert_slots, facts.total_experts)]
+    for index, budget in enumerate(gpu_budgets[1:], start=1):
+        slots = max(budget - workspace, 0) // facts.expert_bytes
+        if slots < facts.top_k:
+            raise UserError(
+                f"GPU {index}: budget {format_size(budget)} is too small: a GPU that runs experts needs at "
+                f"least {format_size(workspace + facts.top_k * facts.expert_bytes)} (workspace "
+                f"{format_size(workspace)}, {facts.top_k} expert slots); raise its budget or leave it out"
+            )
+        capacities.append(slots)
+    slots = spread(capacities, facts.total_experts)
+    others = replace(first, resident_bytes=0, kv_cache_bytes=0, workspace_bytes=workspace)
+    return (replace(first, expert_slots=slots[0]), *(replace(others, expert_slots=count) for count in slots[1:]))
+
+
+def spread(capacities: list[int], total: int) -> list[int]:
+    """Slots per GPU: all of each capacity while they add up to at most `total`; otherwise `total`
+    split as evenly as the capacities allow (water filling, the smallest capacity first)."""
+    if sum(capacities) <= total:
+        return list(capacities)
+    slots, left = [0] * len(capacities), total
+    for position, index in enumerate(sorted(range(len(capacities)), key=capacities.__getitem__)):
+        slots[index] = min(capacities[index], left // (len(capacities) - position))
+        left -= slots[index]
+    assert left == 0, (capacities, total, slots)
+    return slots
+
+
+def combined(placements: tuple[Placement, ...]) -> Placement:
+    """The first GPU's placement with every GPU's slots: what the cache holds in all."""
+    return replace(placements[0], expert_slots=sum(p.expert_slots for p in placements))
+
+
+def predict_gpus(facts: ModelFacts, placements: tuple[Placement, ...], dtype_bytes: int, hardware: Hardware):
+    """`predict_decode` with the slots of every GPU, and the misses copied over one link per GPU."""
+    links = replace(hardware, link_bps=hardware.link_bps * len(placements))
+    return predict_decode(facts, combined(placements), dtype_bytes, links)
