@@ -71,8 +71,10 @@ class StepCostFit:
 
 
 class BlockSizer:
-    """`choose(room)` before a step, `record(...)` after it. The first step verifies as many positions
-    as allowed and the second one, so both kinds of step are timed before the policy decides. In a
+    """`choose(room)` before a step, `record(...)` after it. The first steps verify as many positions
+    as allowed, then come plain steps, so both kinds of step are timed before the policy decides. The
+    first step of each block size is not timed: it pays for compiling kernels and allocating buffers
+    that later steps of that size reuse, and would make that size look slower than it is. In a
     streak of plain steps the decision is looked at again every `RECHECK_EVERY` steps only, so that
     not speculating costs next to nothing over plain decoding."""
 
@@ -83,7 +85,8 @@ class BlockSizer:
         bandwidth = fetch_bandwidth or FETCH_BANDWIDTH[experts.device.type]
         self.costs = StepCostFit(experts.store.expert_bytes / bandwidth, top_k * len(experts.store.layers))
         self.locality = 1.0
-        self.timed = Counter()  # steps recorded, by "single" / "verify"
+        self.timed = Counter()  # steps whose time was fitted, by "single" / "verify"
+        self.sizes_run: set[int] = set()
         self.plain_streak = 0
         self.probe_after = PROBE_AFTER
         self.policy_said_plain = False
@@ -114,8 +117,10 @@ class BlockSizer:
     def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
         """What the step chosen last did: drafts kept, wall time, experts copied to the device."""
         self.acceptance.record(block_size, accepted)
-        self.costs.add(block_size, fetched, seconds)
-        self.timed["single" if block_size == 1 else "verify"] += 1
+        if block_size in self.sizes_run:
+            self.costs.add(block_size, fetched, seconds)
+            self.timed["single" if block_size == 1 else "verify"] += 1
+        self.sizes_run.add(block_size)
         self.plain_streak = self.plain_streak + 1 if block_size == 1 else 0
         predicted = self._uniform_fetches[block_size - 1] if self._uniform_fetches else 0.0
         if predicted > 0:

@@ -22,8 +22,7 @@ class Speculator:
         self.drafter = drafter
         self.sampler = sampler
         self.capture = drafter.target_layers
-        # captured before the prefill, as plain decoding does, for the steps that verify one position
-        self.graph = DecodeGraph(model, cache, self.capture) if graph_ready(model) else None
+        self.graphs = block_graphs(model, cache, self.capture, drafter.block_size) if graph_ready(model) else {}
 
     def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
         """The prompt's last logits [V]; the drafter receives the features of every prompt position."""
@@ -48,8 +47,16 @@ class Speculator:
         return [*proposal.tokens[:kept], token], kept
 
     def _target_pass(self, block: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V] and captured features [B, F]; one position replays a CUDA graph when it can."""
-        if len(block) == 1 and self.graph:
-            logits = self.graph.step(block[0])
-            return logits[None], self.graph.features.clone()
+        """logits [B, V] and captured features [B, F], replayed from the block size's CUDA graph when there
+        is one. The features are copied out: the drafter keeps them past the next replay."""
+        graph = self.graphs.get(len(block))
+        if graph:
+            return graph.run(block), graph.features.clone()
         return self.model.forward(torch.tensor(block, device=self.model.device), self.cache, capture=self.capture)
+
+
+def block_graphs(model, cache: KVCache, capture: tuple[int, ...], max_block: int) -> dict[int, DecodeGraph]:
+    """One CUDA graph per block size 1 … max_block, captured before the prefill (as plain decoding does)
+    so that no step pays for a capture; they share one memory pool, since one replays at a time."""
+    pool = torch.cuda.graph_pool_handle()
+    return {size: DecodeGraph(model, cache, capture, size, pool) for size in range(1, max_block + 1)}

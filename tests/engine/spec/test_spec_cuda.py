@@ -1,4 +1,4 @@
-"""Speculation on the GPU paths (the one-position CUDA graph with captured features, the copy stream
+"""Speculation on the GPU paths (the per-block-size CUDA graphs with captured features, the copy stream
 with route-ahead prefetch) against plain greedy decoding on the same device. Skipped without a CUDA
 device; on the GPU machine: `python -m pytest tests/engine/spec/test_spec_cuda.py`."""
 
