@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch
 
+from app.engine.batch import Batch
 from app.engine.protocol import (
     Cancel,
     Done,
@@ -22,6 +23,7 @@ from app.engine.protocol import (
     LoadProgress,
     Shutdown,
     StepStats,
+    Tokens,
 )
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
@@ -29,6 +31,7 @@ from app.engine.spec.options import SpecOptions
 from app.errors import UserError
 
 STATS_INTERVAL_S = 0.1
+OUT_OF_MEMORY = "out of GPU memory: lower the GPU budget or the context and load again"
 
 
 class Cancelled(Exception):
@@ -36,12 +39,31 @@ class Cancelled(Exception):
 
 
 class EngineServer:
-    """Serves one request at a time; `cancel_requested()` is polled between steps."""
+    """Loads a model and runs its generations.
+
+    Without speculation, generations decode together in a `Batch`: `handle(Generate)` prefills and
+    returns, `step()` moves every running generation on by one step. With speculation (or a model
+    without a batched decode) `handle` runs one generation to its end. `cancel_requested()` is polled
+    during loads, during those whole generations and after every batch step; True stops everything running.
+    """
 
     def __init__(self, send: Callable[[object], None], cancel_requested: Callable[[], bool]):
         self.send = send
         self.cancel_requested = cancel_requested
         self.session: Session | None = None
+        self.batch: Batch | None = None
+        self.running_alone: int | None = None  # the request id of a generation `handle` is running whole
+        self._stats: StatsClock | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Generations are decoding in the batch: call `step()`."""
+        return self.batch is not None and bool(self.batch.sequences)
+
+    @property
+    def has_room(self) -> bool:
+        """A Generate handled now starts at once (without a batch, `handle` runs it whole)."""
+        return self.batch is None or self.batch.has_room
 
     def handle(self, request) -> None:
         try:
@@ -55,11 +77,30 @@ class EngineServer:
             kind = "load" if isinstance(request, LoadModel) else "request"
             self.send(Error(kind, str(error), getattr(request, "request_id", None)))
         except torch.OutOfMemoryError:
-            self.send(Error("oom", "out of GPU memory: lower the GPU budget or the context and load again",
-                            getattr(request, "request_id", None)))
+            self.send(Error("oom", OUT_OF_MEMORY, getattr(request, "request_id", None)))
+
+    def step(self) -> None:
+        """One decode step of every generation in the batch, then a look for cancellations."""
+        try:
+            events = self.batch.step()
+        except torch.OutOfMemoryError:
+            for request_id in list(self.batch.sequences):
+                self.batch.leave(request_id)
+                self.send(Error("oom", OUT_OF_MEMORY, request_id))
+            return
+        self._send_all(events)
+        if self.cancel_requested():
+            self.cancel(None)
+
+    def cancel(self, request_id: int | None) -> None:
+        """End generation `request_id` of the batch (None: all of them) before the next step."""
+        for running in [request_id] if request_id is not None else list(self.batch.sequences if self.batch else []):
+            if self.batch is not None and self.batch.leave(running):
+                self.send(Done("cancelled", {}, running))
 
     def _load(self, request: LoadModel) -> None:
-        self.session = None
+        self.cancel(None)
+        self.session, self.batch = None, None
 
         def progress(stage: str, fraction: float) -> None:
             if self.cancel_requested():
@@ -72,6 +113,9 @@ class EngineServer:
             ram_budget=request.ram_budget, context=request.context, on_progress=progress,
         )
         loaded = self.session.loaded
+        if self.session.speculation is None and hasattr(loaded.model, "decode_batch"):
+            self.batch = Batch(self.session, request.max_batch)
+        self._stats = StatsClock(loaded.model.experts)
         self.send(Loaded({
             "path": request.path,
             "model_type": loaded.folder.model_type,
@@ -82,6 +126,7 @@ class EngineServer:
             "device_bytes": loaded.placement.device_bytes,
             "has_tokenizer": self.session.tokenizer is not None,
             "spec": spec.method,
+            "max_batch": request.max_batch if self.batch else 1,
         }))
 
     def _generate(self, request: Generate) -> None:
@@ -90,25 +135,62 @@ class EngineServer:
         prompt = Prompt(request.token_ids, request.text, request.messages, request.reasoning_effort)
         ids = self.session.prompt_ids(prompt)
         sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
-        experts = self.session.loaded.model.experts
-        last_stats, last_time, tokens_since = experts.snapshot(), time.perf_counter(), 0
-        events = self.session.generate(ids, sampling, request.max_new_tokens)
+        if not self.busy:
+            self._stats.restart()
+        if self.batch is not None:
+            self._send_all(self.batch.join(request.request_id, ids, sampling, request.max_new_tokens))
+            return
+        self.running_alone = request.request_id
+        try:
+            self._generate_alone(request.request_id, self.session.generate(ids, sampling, request.max_new_tokens))
+        finally:
+            self.running_alone = None
+
+    def _generate_alone(self, request_id: int, events) -> None:
         for event in events:
             if isinstance(event, Done):
-                self.send(Done(event.stop_reason, event.stats, request.request_id))
+                self.send(Done(event.stop_reason, event.stats, request_id))
                 return
-            self.send(replace(event, request_id=request.request_id))
-            tokens_since += len(event.token_ids)
-            now = time.perf_counter()
-            if now - last_time >= STATS_INTERVAL_S:
-                current = experts.snapshot()
-                self.send(_step_stats(request.request_id, tokens_since, now - last_time, current.since(last_stats),
-                                      residency(experts)))
-                last_stats, last_time, tokens_since = current, now, 0
+            self._send_all([replace(event, request_id=request_id)])
             if self.cancel_requested():
                 events.close()
-                self.send(Done("cancelled", {}, request.request_id))
+                self.send(Done("cancelled", {}, request_id))
                 return
+
+    def _send_all(self, events: list) -> None:
+        for event in events:
+            self.send(event)
+        running = list(self.batch.sequences) if self.batch else [self.running_alone]
+        for stats in self._stats.tick(events, running):
+            self.send(stats)
+
+
+class StatsClock:
+    """StepStats for the `running` generations, at most every STATS_INTERVAL_S: the tokens each got since
+    the last ones and the expert cache's work meanwhile (shared by the generations of a batch)."""
+
+    def __init__(self, experts):
+        self.experts = experts
+        self.restart()
+
+    def restart(self) -> None:
+        """Count from now (a generation starts after idle time)."""
+        self.last_stats, self.last_time = self.experts.snapshot(), time.perf_counter()
+        self.tokens = Counter()
+
+    def tick(self, events: list, running: list[int]) -> list[StepStats]:
+        for event in events:
+            if isinstance(event, Tokens):
+                self.tokens[event.request_id] += len(event.token_ids)
+        now = time.perf_counter()
+        if now - self.last_time < STATS_INTERVAL_S:
+            return []
+        current = self.experts.snapshot()
+        delta, seconds, resident = current.since(self.last_stats), now - self.last_time, residency(self.experts)
+        reported = [_step_stats(request_id, self.tokens[request_id], seconds, delta, resident)
+                    for request_id in running]
+        self.last_stats, self.last_time, self.tokens = current, now, Counter()
+        return reported
 
 
 def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: list[float]) -> StepStats:
@@ -124,25 +206,46 @@ def residency(cache) -> list[float]:
 
 
 def engine_main(requests, events) -> None:
-    """The child process's loop. A Cancel or Shutdown that arrives mid-request stops that request."""
-    waiting: deque = deque()
+    """The child process's loop. Requests are handled in arrival order: a Generate as soon as the batch
+    has room, a LoadModel once no generation runs, Shutdown at once. Between decode steps the loop reads
+    what has arrived, so a Cancel takes its generation out before the next step."""
+    inbox: deque = deque()
 
     def cancel_requested() -> bool:
+        """File the requests that arrived; True when one stops everything running (Cancel(), Shutdown)."""
+        stop_all = False
         while True:
             try:
                 request = requests.get_nowait()
             except queue.Empty:
-                return False
-            if isinstance(request, Cancel):
-                return True
-            waiting.append(request)
-            if isinstance(request, Shutdown):
-                return True
+                return stop_all
+            stop_all |= file(request)
+
+    def file(request) -> bool:
+        if not isinstance(request, Cancel):
+            inbox.append(request)
+            return isinstance(request, Shutdown)
+        waiting = [r for r in inbox if isinstance(r, Generate) and request.request_id in (None, r.request_id)]
+        for generate in waiting:
+            inbox.remove(generate)
+            events.put(Done("cancelled", {}, generate.request_id))
+        if request.request_id is None or request.request_id == server.running_alone:
+            return True
+        server.cancel(request.request_id)
+        return False
 
     server = EngineServer(events.put, cancel_requested)
     while True:
-        request = waiting.popleft() if waiting else requests.get()
-        if isinstance(request, Shutdown):
-            return
-        if not isinstance(request, Cancel):
-            server.handle(request)
+        if not inbox and not server.busy:
+            file(requests.get())
+        if cancel_requested():
+            server.cancel(None)
+        while inbox:
+            head = inbox[0]
+            if isinstance(head, Shutdown):
+                return
+            if (server.busy and isinstance(head, LoadModel)) or not server.has_room:
+                break
+            server.handle(inbox.popleft())
+        if server.busy:
+            server.step()

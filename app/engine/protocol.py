@@ -59,6 +59,7 @@ class LoadModel:
     spec: str = "off"
     drafter: str | None = None
     block_size: int | None = None
+    max_batch: int = 8  # generations decoded together (without speculation)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +80,10 @@ class Generate:
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    """Stop the running generation or load; a generation then ends with stop_reason "cancelled"."""
+    """Stop generation `request_id` (None: every generation, running or waiting, and a running load); a
+    stopped generation ends with Done, stop_reason "cancelled", before the engine's next decode step."""
+
+    request_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

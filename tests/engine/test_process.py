@@ -31,6 +31,8 @@ def serve(requests, cancel_after_tokens: int | None = None) -> list:
     server = EngineServer(events.append, cancel_requested)
     for request in requests:
         server.handle(request)
+        while server.busy:
+            server.step()
     return events
 
 
@@ -120,6 +122,8 @@ def test_step_stats_carry_the_share_of_each_layers_experts_in_the_cache(tiny_gpt
     server = EngineServer(events.append, lambda: False)
     server.handle(LoadModel(str(tiny_gpt_oss), context=CONTEXT, gpu_budget=budget_for_slots(tiny_gpt_oss, 3)))
     server.handle(Generate(1, max_new_tokens=8, token_ids=[5, 6, 7, 8]))
+    while server.busy:
+        server.step()
     cache = server.session.loaded.model.experts
     assert cache.num_slots == 3 and len(cache.store.layers) > 1
     stats = [e for e in events if isinstance(e, StepStats)]
