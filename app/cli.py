@@ -46,7 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--seed", type=int)
     generate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     generate.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
-    generate.add_argument("--gpu-budget", type=_size, help="bytes the engine may use on the device, e.g. 8G")
+    generate.add_argument("--gpu-budget", type=_sizes,
+                          help="bytes the engine may use on the device, e.g. 8G; one per GPU to spread the experts "
+                               "over several, e.g. 20G,20G")
     generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
     generate.add_argument("--spec", choices=SPEC_METHODS, default="off",
                           help="speculative decoding: a DFlash drafter (--drafter), or GLM's own MTP layer")
@@ -64,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="show where a model's bytes go under the given budgets")
     plan.set_defaults(run=_run_plan)
     plan.add_argument("model")
-    plan.add_argument("--gpu-budget", type=_size, required=True)
+    plan.add_argument("--gpu-budget", type=_sizes, required=True, help="e.g. 8G, or one per GPU: 20G,20G")
     plan.add_argument("--ram-budget", type=_size, required=True)
     plan.add_argument("--context", type=_positive_int, default=4096)
     plan.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
@@ -80,6 +82,12 @@ def _size(text: str) -> int:
         return parse_size(text)
     except UserError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _sizes(text: str) -> int | tuple[int, ...]:
+    """One size, or several separated by commas (a budget per GPU)."""
+    sizes = tuple(_size(part) for part in text.split(","))
+    return sizes if len(sizes) > 1 else sizes[0]
 
 
 def _positive_int(text: str) -> int:
@@ -132,23 +140,28 @@ def _run_generate(args) -> int:
 
 def _run_plan(args) -> int:
     from app.model_folder import ModelFolder
-    from app.plan import PCIE_BPS, Hardware, ModelFacts, dtype_bytes, plan_placement, predict_decode
+    from app.plan import PCIE_BPS, Hardware, ModelFacts, dtype_bytes
+    from app.plan_gpus import plan_budgets, predict_gpus
     from app.sizes import format_size
 
     facts = ModelFacts.from_folder(ModelFolder.open(args.model))
-    placement = plan_placement(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(args.dtype))
+    placement, gpus = plan_budgets(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(args.dtype))
     hardware = Hardware(link_bps=PCIE_BPS[args.pcie_gen], memory_bps=args.memory_bandwidth)
-    prediction = predict_decode(facts, placement, dtype_bytes(args.dtype), hardware)
+    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(args.dtype), hardware)
     if args.json:
         print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,
                           "total_experts": facts.total_experts, "prediction": prediction.as_dict(),
-                          "hardware": hardware.__dict__}))
+                          "hardware": hardware.__dict__,
+                          "gpus": [{"expert_slots": g.expert_slots, "device_bytes": g.device_bytes} for g in gpus]}))
         return 0
+    per_gpu = [(f"GPU {index}: {gpu.expert_slots} expert slots", format_size(gpu.device_bytes))
+               for index, gpu in enumerate(gpus)]
     rows = [
         ("resident weights", format_size(placement.resident_bytes)),
         (f"KV cache ({placement.context} tokens)", format_size(placement.kv_cache_bytes)),
         ("workspace", format_size(placement.workspace_bytes)),
         (f"expert slots ({placement.expert_slots} of {facts.total_experts})", format_size(placement.slot_bytes)),
+        *per_gpu,
         (f"pinned RAM store ({placement.host_experts} experts)", format_size(placement.host_bytes)),
         (f"read from disk ({placement.disk_experts} experts)", format_size(placement.disk_bytes)),
         ("expert-cache hit rate (uniform routing)", f"{prediction.hit_rate:.0%}"),

@@ -9,7 +9,16 @@ spread as evenly as the budgets allow, so no link and no device carries more tha
 from dataclasses import replace
 
 from app.errors import UserError
-from app.plan import PREFILL_CHUNK, RUNTIME_RESERVE, Hardware, ModelFacts, Placement, plan_placement, predict_decode
+from app.plan import (
+    PREFILL_CHUNK,
+    RUNTIME_RESERVE,
+    Hardware,
+    ModelFacts,
+    Placement,
+    Prediction,
+    plan_placement,
+    predict_decode,
+)
 from app.sizes import format_size
 
 
@@ -57,12 +66,19 @@ def spread(capacities: list[int], total: int) -> list[int]:
     return slots
 
 
-def combined(placements: tuple[Placement, ...]) -> Placement:
-    """The first GPU's placement with every GPU's slots: what the cache holds in all."""
-    return replace(placements[0], expert_slots=sum(p.expert_slots for p in placements))
+def plan_budgets(facts: ModelFacts, gpu_budget: int | tuple[int, ...] | None, ram_budget: int | None, context: int,
+                 dtype_bytes: int) -> tuple[Placement, tuple[Placement, ...]]:
+    """(the placement, one placement per GPU): a tuple of budgets spreads the experts over that many GPUs
+    and the placement is the first GPU's with every GPU's slots; a single budget gives (plan_placement, ())."""
+    budgets = gpu_budget if isinstance(gpu_budget, tuple) else (gpu_budget,)
+    if len(budgets) == 1:
+        return plan_placement(facts, budgets[0], ram_budget, context, dtype_bytes), ()
+    gpus = plan_gpus(facts, budgets, ram_budget, context, dtype_bytes)
+    return replace(gpus[0], expert_slots=sum(p.expert_slots for p in gpus)), gpus
 
 
-def predict_gpus(facts: ModelFacts, placements: tuple[Placement, ...], dtype_bytes: int, hardware: Hardware):
-    """`predict_decode` with the slots of every GPU, and the misses copied over one link per GPU."""
-    links = replace(hardware, link_bps=hardware.link_bps * len(placements))
-    return predict_decode(facts, combined(placements), dtype_bytes, links)
+def predict_gpus(facts: ModelFacts, placement: Placement, gpus: tuple[Placement, ...], dtype_bytes: int,
+                 hardware: Hardware) -> Prediction:
+    """`predict_decode` of a `plan_budgets` result: the misses are copied over one link per GPU."""
+    links = replace(hardware, link_bps=hardware.link_bps * max(len(gpus), 1))
+    return predict_decode(facts, placement, dtype_bytes, links)

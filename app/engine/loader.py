@@ -11,8 +11,8 @@ from app.engine.experts import ExpertCache, ExpertStore
 from app.engine.models import ARCHITECTURES
 from app.errors import UserError
 from app.model_folder import ModelFolder
-from app.plan import ModelFacts, Placement, dtype_bytes, plan_placement
-from app.plan_gpus import combined, plan_gpus
+from app.plan import ModelFacts, Placement, dtype_bytes
+from app.plan_gpus import plan_budgets
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -64,10 +64,7 @@ def load_model(
     torch_device = resolve_device(device)
     on_progress("planning", 0.0)
     facts = ModelFacts.from_folder(folder)
-    budgets = gpu_budget if isinstance(gpu_budget, tuple) else (gpu_budget,)
-    gpu_placements = plan_gpus(facts, budgets, ram_budget, context, dtype_bytes(dtype)) if len(budgets) > 1 else ()
-    placement = combined(gpu_placements) if gpu_placements else \
-        plan_placement(facts, budgets[0], ram_budget, context, dtype_bytes(dtype))
+    placement, gpu_placements = plan_budgets(facts, gpu_budget, ram_budget, context, dtype_bytes(dtype))
     devices = expert_devices(torch_device, len(gpu_placements)) if gpu_placements else [torch_device]
     config_class, model_class, make_reader = ARCHITECTURES[folder.model_type]
     try:

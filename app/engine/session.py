@@ -118,11 +118,13 @@ def open_speculation(spec: SpecOptions, folder: ModelFolder) -> Speculation | No
 
 
 def load_with_speculation(
-    folder: ModelFolder, speculation: Speculation | None, context: int, dtype: str, gpu_budget: int | None,
-    **load_options,
+    folder: ModelFolder, speculation: Speculation | None, context: int, dtype: str,
+    gpu_budget: int | tuple[int, ...] | None, **load_options,
 ) -> LoadedModel:
     """The target, loaded in what the drafter leaves of `gpu_budget`, with the drafter set up beside it."""
-    if speculation:
+    if speculation and isinstance(gpu_budget, tuple):  # the drafter runs beside the dense layers, on the first GPU
+        gpu_budget = (speculation.budget_left(gpu_budget[0], context, dtype), *gpu_budget[1:])
+    elif speculation:
         gpu_budget = speculation.budget_left(gpu_budget, context, dtype)
     loaded = load_model(folder, context=context, dtype=dtype, gpu_budget=gpu_budget, **load_options)
     if speculation:

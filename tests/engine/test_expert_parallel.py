@@ -1,14 +1,17 @@
 """Expert parallel on CPU: several caches with their own arenas stand for several GPUs; the output must
 be the single-device engine's, with the experts spread over the devices and offloaded."""
 
+import json
 from collections import Counter
 
 import pytest
 import torch
 
+from app.cli import main
 from app.engine.expert_parallel import ExpertParallelCache, assign_owners
 from app.engine.experts import OTHER_DEVICE, ExpertCache, ExpertStore
 from app.engine.loader import load_model
+from app.engine.models.dflash import open_dflash
 from app.model_folder import ModelFolder
 from app.plan_gpus import expert_workspace
 from tests.engine.greedy import greedy_with_stats
@@ -18,14 +21,14 @@ PROMPT = list(range(40, 60))
 CONTEXT = 64
 
 
-def load(folder, **options):
-    return load_model(ModelFolder.open(folder), dtype="float32", context=CONTEXT, **options)
+def load(folder, context: int = CONTEXT, **options):
+    return load_model(ModelFolder.open(folder), dtype="float32", context=context, **options)
 
 
 def budgets_for_slots(single, slots: tuple[int, ...]) -> tuple[int, ...]:
     """Per-device budgets giving these slots: the first device also holds the dense layers."""
     p = single.placement
-    workspace = expert_workspace(single.facts, CONTEXT, 4)
+    workspace = expert_workspace(single.facts, p.context, 4)
     first = p.resident_bytes + p.kv_cache_bytes + p.workspace_bytes + slots[0] * p.expert_bytes
     return first, *(workspace + count * p.expert_bytes for count in slots[1:])
 
@@ -57,12 +60,12 @@ def test_a_cache_gives_other_devices_picks_no_slot_no_copy_and_no_count():
 
 def test_offloaded_experts_spread_over_two_devices_give_the_single_device_tokens(tiny_gpt_oss):
     single = load(tiny_gpt_oss)
-    expected, single_stats = greedy_with_stats(single, PROMPT, 24)
+    expected, single_stats = greedy_with_stats(single, PROMPT, 16)
     spread = load(tiny_gpt_oss, gpu_budget=budgets_for_slots(single, (3, 4)), prefetch_layers=1)
     experts = spread.model.experts
     assert isinstance(experts, ExpertParallelCache)
     assert [p.expert_slots for p in spread.gpu_placements] == [3, 4] and spread.placement.expert_slots == 7
-    tokens, stats = greedy_with_stats(spread, PROMPT, 24)
+    tokens, stats = greedy_with_stats(spread, PROMPT, 16)
     assert tokens == expected
     for index, shard in enumerate(experts.shards):
         assert shard.stats.misses > 0  # both devices fetched and ran experts
@@ -107,3 +110,18 @@ def test_glm_experts_spread_over_two_devices_give_the_single_device_tokens(tiny_
     tokens, stats = greedy_with_stats(spread, PROMPT, 16)
     assert tokens == expected
     assert stats["expert_cache"]["misses"] > 0
+
+
+def test_cli_generate_with_a_budget_per_device_and_a_drafter_keeps_the_tokens(tiny_gpt_oss, tiny_dflash, capsys):
+    prompt = ["--prompt-ids", ",".join(map(str, PROMPT)), "--max-new-tokens", "10"]
+    context = len(PROMPT) + 10
+    assert main(["generate", str(tiny_gpt_oss), *prompt, "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)["token_ids"]
+    first, second = budgets_for_slots(load(tiny_gpt_oss, context), (3, 3))
+    folder, config = open_dflash(tiny_dflash)
+    first += config.device_bytes(folder, context, "float32")  # the drafter lives on the first device
+    spec = ["--spec", "dflash", "--drafter", str(tiny_dflash), "--block-size", "3"]
+    assert main(["generate", str(tiny_gpt_oss), *prompt, "--gpu-budget", f"{first},{second}", *spec, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["token_ids"] == expected
+    assert result["stats"]["expert_cache"]["misses"] > 0
