@@ -21,14 +21,14 @@ PROMPT = list(range(40, 60))
 CONTEXT = 64
 
 
-def load(folder, context: int = CONTEXT, **options):
-    return load_model(ModelFolder.open(folder), dtype="float32", context=context, **options)
+def load(folder, context: int = CONTEXT, dtype: str = "float32", **options):
+    return load_model(ModelFolder.open(folder), dtype=dtype, context=context, **options)
 
 
 def budgets_for_slots(single, slots: tuple[int, ...]) -> tuple[int, ...]:
     """Per-device budgets giving these slots: the first device also holds the dense layers."""
     p = single.placement
-    workspace = expert_workspace(single.facts, p.context, 4)
+    workspace = expert_workspace(single.facts, p.context, single.model.dtype.itemsize)
     first = p.resident_bytes + p.kv_cache_bytes + p.workspace_bytes + slots[0] * p.expert_bytes
     return first, *(workspace + count * p.expert_bytes for count in slots[1:])
 
