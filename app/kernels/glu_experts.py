@@ -4,8 +4,14 @@ The arenas hold each expert as its checkpoint stores it, rows being output featu
 `gate_proj.weight`, `up_proj.weight` [S, W, H] and `down_proj.weight` [S, H, W], in bf16 or FP8 e4m3.
 An FP8 weight has its scale beside it: `<proj>.weight_scale` [S, out, 1] (compressed-tensors, per output
 channel) or `<proj>.weight_scale_inv` [S, ceil(out / b0), ceil(in / b1)] (fp8, `fp8_block` = (b0, b1)).
-Weights are dequantized here, at compute time, so the cache keeps the checkpoint's bytes.
+Weights are dequantized at compute time, so the cache keeps the checkpoint's bytes.
+
+`glu_experts` runs the Triton kernels of glu_experts_triton.py; `glu_experts_torch` is the reference with
+the same signature; `glu_experts_op` picks one for a device.
 """
+
+import os
+from collections.abc import Callable
 
 import torch
 
@@ -38,3 +44,25 @@ def _slot_weight(
     prefix = f"{projection}."
     stored = {name.removeprefix(prefix): arena[slot] for name, arena in arenas.items() if name.startswith(prefix)}
     return dequantize(stored, fp8_block, dtype)
+
+
+def glu_experts(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_block: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """`glu_experts_torch` in Triton: one launch per projection for all tokens and picks."""
+    # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
+    from app.kernels.glu_experts_triton import run_experts
+
+    return run_experts(hidden, arenas, slots, weights, fp8_block)
+
+
+def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
+    """The Triton kernels on CUDA; the torch reference elsewhere, unless TRITON_INTERPRET=1 asks
+    for the kernels in Triton's interpreter."""
+    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return glu_experts
+    return glu_experts_torch

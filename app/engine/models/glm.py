@@ -21,7 +21,7 @@ from app.engine.layers import causal_mask, finish_forward, rms_norm, silu_glu
 from app.engine.models.glm_mtp import GlmMtp
 from app.engine.rope import Rotary
 from app.errors import UserError
-from app.kernels.glu_experts import PROJECTIONS, glu_experts_torch
+from app.kernels.glu_experts import PROJECTIONS, glu_experts_op
 
 
 @dataclass(frozen=True)
@@ -198,9 +198,6 @@ class GlmModel:
     and `kv_cache(capacity, layers)` (a cache for the given checkpoint layers, in that order)."""
 
     rotary_dim: int
-    # glu_experts_torch finds its slots on the host, which a CUDA graph cannot capture: decode steps stay
-    # eager until a device-side expert op takes its place
-    graph_safe = False
 
     def __init__(self, config: GlmConfig, checkpoint: Checkpoint, experts: ExpertCache, dtype: torch.dtype):
         c = self.config = config
@@ -208,7 +205,8 @@ class GlmModel:
         self.experts = experts
         self.device = next(iter(experts.arenas.values())).device
         self.dtype = dtype
-        self.run_experts = partial(glu_experts_torch, fp8_block=checkpoint.folder.quantization.fp8_block)
+        self.run_experts = partial(glu_experts_op(self.device), fp8_block=checkpoint.folder.quantization.fp8_block)
+        self.run_experts.capturable = self.device.type == "cuda"  # the Triton op needs no host work
         vocab, hidden = c.vocab_size, c.hidden_size
         self.embed = self.tensor("model.embed_tokens.weight", (vocab, hidden))
         self.lm_head = self.embed if c.tie_word_embeddings else self.weight("lm_head", (vocab, hidden))

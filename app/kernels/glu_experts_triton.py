@@ -1,0 +1,215 @@
+"""Triton kernels for SiLU-gated routed experts (GLM): one launch per projection for all tokens and picks.
+
+Pairs (token, pick) are grouped into tiles that share a cache slot (expert_tiles.py), so each tile
+reads its expert's weights once, straight from the cache arena, in the checkpoint's layout (rows are
+output features: gate/up [S, W, H], down [S, H, W]). Weights are bf16 or FP8 e4m3, converted to the
+activations' dtype in registers; an FP8 scale multiplies products, never single weights: a per-channel
+scale [S, out, 1] once in the epilogue, a block scale [S, ceil(out/b0), ceil(in/b1)] once per step
+(steps never straddle a block column). Weights are the M side of each product (out^T = W @ x^T), so the
+token side of a tile can be as small as 16 at decode.
+
+- gate_up: SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
+- down: routing weight in the epilogue -> one float32 row per pick [P, H].
+- `sum_picks` adds each token's picks in pick order (deterministic, no atomics).
+"""
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from app.kernels.expert_tiles import plan_tiles, sum_picks, tile_rows
+from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
+
+MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
+# whether the kernels below run in Triton's interpreter, whose bf16 tl.dot is wrong: UPCAST
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+NO_SCALE, PER_CHANNEL, PER_BLOCK = 0, 1, 2  # the SCALES constexpr
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One projection's tiles: `features` outputs by `depth` inputs per step."""
+
+    features: int
+    depth: int
+    warps: int = 4
+    stages: int = 3
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    pairs_per_tile: int  # BLOCK_M, shared by both projections (the plan depends on it); >= 16 for tl.dot
+    gate_up: Tiles
+    down: Tiles
+
+
+def pick_config(num_pairs: int) -> LaunchConfig:
+    pairs_per_tile = 16 if num_pairs <= 256 else 32
+    return LaunchConfig(pairs_per_tile, Tiles(32, 128), Tiles(32, 128))
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One projection's arenas: weight [S, out, in], its FP8 scale (or None) and how the scale is laid out."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    kind: int  # NO_SCALE, PER_CHANNEL or PER_BLOCK
+    block: tuple[int, int] = (1, 1)  # PER_BLOCK: rows × columns one scale covers
+
+    @classmethod
+    def of(cls, arenas: dict[str, torch.Tensor], name: str, fp8_block: tuple[int, int] | None) -> "Projection":
+        weight = arenas[f"{name}.weight"]
+        if f"{name}.{PER_CHANNEL_SCALE}" in arenas:
+            return cls(weight, arenas[f"{name}.{PER_CHANNEL_SCALE}"], PER_CHANNEL)
+        if f"{name}.{BLOCK_SCALE}" in arenas:
+            assert fp8_block is not None, "block scales need the checkpoint's weight_block_size"
+            assert fp8_block[1] % 16 == 0, "a step of 16 or more inputs must stay inside one block column"
+            return cls(weight, arenas[f"{name}.{BLOCK_SCALE}"], PER_BLOCK, fp8_block)
+        assert weight.dtype in (torch.bfloat16, torch.float16, torch.float32), f"{name} is {weight.dtype} unscaled"
+        return cls(weight, None, NO_SCALE)
+
+    def step(self, tiles: Tiles) -> int:
+        """Inputs per loop step: a block scale's columns split into whole steps."""
+        return math.gcd(tiles.depth, self.block[1]) if self.kind == PER_BLOCK else tiles.depth
+
+    def kernel_args(self) -> tuple:
+        return self.weight, self.scale
+
+    def constants(self) -> dict:
+        return dict(SCALES=self.kind, SCALE_ROWS=self.block[0], SCALE_COLS=self.block[1])
+
+
+def run_experts(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_block: tuple[int, int] | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
+    tokens, picks = slots.shape
+    chunk = max(1, MAX_PAIRS // picks)
+    if tokens > chunk:
+        parts = (slice(i, i + chunk) for i in range(0, tokens, chunk))
+        return torch.cat([run_experts(hidden[p], arenas, slots[p], weights[p], fp8_block, config) for p in parts])
+    assert hidden.dim() == 2 and hidden.shape[0] == tokens and weights.shape == slots.shape
+    assert all(t.is_contiguous() for t in arenas.values()), "expert arenas must be contiguous"
+    hidden, slots, weights = hidden.contiguous(), slots.contiguous(), weights.contiguous()
+    gate, up, down = (Projection.of(arenas, name, fp8_block) for name in ("gate_proj", "up_proj", "down_proj"))
+    assert gate.kind == up.kind and gate.block == up.block, "gate_proj and up_proj must share one format"
+    num_slots, width, hidden_size = gate.weight.shape
+    assert hidden.shape[1] == hidden_size and down.weight.shape == (num_slots, hidden_size, width)
+    config = config or pick_config(slots.numel())
+
+    num_pairs, device = slots.numel(), hidden.device
+    plan = plan_tiles(slots, num_slots, config.pairs_per_tile)
+    tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
+    shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile)
+
+    activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
+    tiles = config.gate_up
+    _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features))](
+        hidden, *gate.kernel_args(), *up.kernel_args(), *tiles_in, activations, hidden_size, width, picks,
+        **shared, **gate.constants(), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
+        num_warps=tiles.warps, num_stages=tiles.stages,
+    )
+    per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
+    tiles = config.down
+    _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
+        activations, *down.kernel_args(), weights, *tiles_in, per_pick, hidden_size, width,
+        **shared, **down.constants(), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
+        num_warps=tiles.warps, num_stages=tiles.stages,
+    )
+    return sum_picks(per_pick, slots, hidden.dtype)
+
+
+@triton.jit
+def _expert_matmul(
+    x_ptr, rows, used, weight_ptr, scale_ptr, slot, features, n_size, k_size,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """W[slot][features, :] @ x[rows, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0), W [S, N, K]
+    scaled as SCALES says."""
+    feature_ok = features < n_size
+    depth = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [BLOCK_K, BLOCK_M]
+    w_ptrs = weight_ptr + slot * n_size * k_size + features[:, None] * k_size + depth[None, :]  # [BLOCK_N, BLOCK_K]
+    if SCALES == 2:
+        scale_cols = tl.cdiv(k_size, SCALE_COLS)
+        s_ptrs = scale_ptr + slot * tl.cdiv(n_size, SCALE_ROWS) * scale_cols + (features // SCALE_ROWS) * scale_cols
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k0 in range(0, k_size, BLOCK_K):
+        x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_size - k0), other=0.0)
+        w = tl.load(w_ptrs, mask=feature_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)
+        if UPCAST:
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
+        if SCALES == 2:
+            scale = tl.load(s_ptrs + k0 // SCALE_COLS, mask=feature_ok, other=0.0).to(tl.float32)
+            products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
+            acc += products * scale[:, None]
+        else:
+            acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if SCALES == 1:
+        acc *= tl.load(scale_ptr + slot * n_size + features, mask=feature_ok, other=0.0).to(tl.float32)[:, None]
+    return acc
+
+
+@triton.jit
+def _gate_up_kernel(
+    hidden_ptr, gate_ptr, gate_scale_ptr, up_ptr, up_scale_ptr,
+    sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr, hidden_size, width, picks,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    if tl.program_id(0) >= tl.load(tile_count_ptr):
+        return
+    positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
+    tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    gate = _expert_matmul(
+        hidden_ptr, tokens, used, gate_ptr, gate_scale_ptr, slot, features, width, hidden_size,
+        SCALES, SCALE_ROWS, SCALE_COLS, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    up = _expert_matmul(
+        hidden_ptr, tokens, used, up_ptr, up_scale_ptr, slot, features, width, hidden_size,
+        SCALES, SCALE_ROWS, SCALE_COLS, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    activation = gate * tl.sigmoid(gate) * up  # [BLOCK_N, BLOCK_M]
+    tl.store(
+        activations_ptr + positions[None, :] * width + features[:, None],
+        activation.to(activations_ptr.dtype.element_ty),
+        mask=used[None, :] & (features[:, None] < width),
+    )
+
+
+@triton.jit
+def _down_kernel(
+    activations_ptr, weight_ptr, scale_ptr, routing_ptr,
+    sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    if tl.program_id(0) >= tl.load(tile_count_ptr):
+        return
+    positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
+    pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _expert_matmul(
+        activations_ptr, positions, used, weight_ptr, scale_ptr, slot, features, hidden_size, width,
+        SCALES, SCALE_ROWS, SCALE_COLS, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
+    routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
+    tl.store(
+        per_pick_ptr + pairs[None, :] * hidden_size + features[:, None], acc * routing.to(tl.float32)[None, :],
+        mask=used[None, :] & (features[:, None] < hidden_size),
+    )

@@ -1,0 +1,61 @@
+"""The compiled Triton SiLU-gated experts on a GPU, at widths near GLM-4.5-Air's, against the torch
+reference; and the op captured in a CUDA graph. Skipped without a CUDA device (see conftest.py)."""
+
+import pytest
+import torch
+
+from app.engine.op_graph import SingleTokenGraph
+from app.kernels.glu_experts import glu_experts, glu_experts_torch
+from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_glu_experts_triton import FORMATS, random_arenas
+from tests.kernels.test_gpt_oss_experts import random_routing, relative_error
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+HIDDEN, WIDTH = 1024, 704  # 704 = 5.5 blocks of 128: partial scale blocks and tails at real tile sizes
+SLOTS, PICKS = 24, 8
+GPU_FORMATS = ("bf16", "per-channel", "block128")
+
+
+def case(fmt: str, tokens: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    arenas = {name: t.cuda() for name, t in random_arenas(SLOTS, fmt, generator, HIDDEN, WIDTH).items()}
+    slots, weights = random_routing(tokens, PICKS, SLOTS, generator)
+    hidden = torch.randn(tokens, HIDDEN, generator=generator)
+    return hidden.cuda(), arenas, slots.cuda(), weights.cuda()
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 100])  # decode, a verify block, a prefill chunk (32 pairs per tile)
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+def test_bfloat16_kernel_matches_float32_reference(fmt, tokens):
+    hidden, arenas, slots, weights = case(fmt, tokens, tokens + len(fmt))
+    with poisoned_allocations():
+        out = glu_experts(hidden.bfloat16(), arenas, slots, weights.bfloat16(), fp8_block=FORMATS[fmt])
+    ref = glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
+    assert out.dtype == torch.bfloat16 and out.isfinite().all()
+    assert relative_error(out, ref) < 1e-2
+    if tokens > 1:
+        assert (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+def test_float32_kernel_matches_float32_reference(fmt):
+    hidden, arenas, slots, weights = case(fmt, 16, 7)
+    with poisoned_allocations():
+        out = glu_experts(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
+    assert relative_error(out, glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])) < 1e-4
+
+
+def test_single_token_graph_replays_the_op_for_new_routings():
+    hidden, arenas, slots, weights = case("block128", 1, 3)
+    graph = SingleTokenGraph(
+        lambda *args: glu_experts(*args, fp8_block=FORMATS["block128"]), arenas, hidden.bfloat16(), slots,
+        weights.bfloat16(),
+    )
+    generator = torch.Generator().manual_seed(4)
+    for _ in range(2):
+        slots, weights = (t.cuda() for t in random_routing(1, PICKS, SLOTS, generator))
+        hidden = torch.randn(1, HIDDEN, generator=generator).cuda()
+        replayed = graph(hidden.bfloat16(), slots, weights.bfloat16()).clone()
+        eager = glu_experts(hidden.bfloat16(), arenas, slots, weights.bfloat16(), fp8_block=FORMATS["block128"])
+        assert torch.equal(replayed, eager)
