@@ -34,7 +34,8 @@ class Sequence:
 
 
 class Batch:
-    """The sequences decoding on one loaded model (`session`), at most `max_sequences` at once.
+    """The sequences decoding on one loaded model (`session`): at most `max_sequences` at once, whose KV
+    caches together hold at most the planned context (the plan reserved that many tokens of KV cache).
 
     Every call returns the events it produced: `Tokens` per sequence and step, then the end of a
     sequence as its parser's last text and `Done`, whose stats have generate's figures plus `batch`
@@ -49,16 +50,22 @@ class Batch:
         self.max_sequences = max_sequences
         self.sequences: dict[int, Sequence] = {}
 
-    @property
-    def has_room(self) -> bool:
-        return len(self.sequences) < self.max_sequences
+    def cache_tokens(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """The KV cache a sequence gets: its prompt and answer, within the context."""
+        return min(prompt_tokens + max_new_tokens, self.context)
+
+    def has_room(self, cache_tokens: int) -> bool:
+        reserved = sum(s.cache.capacity for s in self.sequences.values())
+        return len(self.sequences) < self.max_sequences and reserved + cache_tokens <= self.context
 
     def join(self, request_id: int, prompt_ids: list[int], sampling: SamplingParams,
              max_new_tokens: int) -> list[Tokens | Done]:
         assert request_id not in self.sequences, f"request {request_id} is already decoding"
         model = self.model
         check_prompt(prompt_ids, model.config.vocab_size)
-        cache = model.new_kv_cache(min(len(prompt_ids) + max_new_tokens, self.context))
+        capacity = self.cache_tokens(len(prompt_ids), max_new_tokens)
+        assert self.has_room(capacity), "no room in the batch: ask has_room first"
+        cache = model.new_kv_cache(capacity)
         cache.check_room(len(prompt_ids))
         parser = self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None
         sequence = Sequence(request_id, len(prompt_ids), cache, Sampler(sampling, model.device), max_new_tokens,

@@ -54,16 +54,30 @@ class EngineServer:
         self.batch: Batch | None = None
         self.running_alone: int | None = None  # the request id of a generation `handle` is running whole
         self._stats: StatsClock | None = None
+        self._last_prompt: tuple[Generate, list[int]] | None = None
 
     @property
     def busy(self) -> bool:
         """Generations are decoding in the batch: call `step()`."""
         return self.batch is not None and bool(self.batch.sequences)
 
-    @property
-    def has_room(self) -> bool:
-        """A Generate handled now starts at once (without a batch, `handle` runs it whole)."""
-        return self.batch is None or self.batch.has_room
+    def can_start(self, request: Generate) -> bool:
+        """The batch has room for `request` now (without a batch, `handle` runs it whole; a request the
+        engine will refuse can always start, to be refused)."""
+        if self.batch is None:
+            return True
+        try:
+            ids = self._prompt_ids(request)
+        except UserError:
+            return True
+        return self.batch.has_room(self.batch.cache_tokens(len(ids), request.max_new_tokens))
+
+    def _prompt_ids(self, request: Generate) -> list[int]:
+        """The request's prompt as token ids (remembered for the request last asked about: it may wait)."""
+        if self._last_prompt is None or self._last_prompt[0] is not request:
+            prompt = Prompt(request.token_ids, request.text, request.messages, request.reasoning_effort)
+            self._last_prompt = (request, self.session.prompt_ids(prompt))
+        return self._last_prompt[1]
 
     def handle(self, request) -> None:
         try:
@@ -100,7 +114,7 @@ class EngineServer:
 
     def _load(self, request: LoadModel) -> None:
         self.cancel(None)
-        self.session, self.batch = None, None
+        self.session, self.batch, self._last_prompt = None, None, None
 
         def progress(stage: str, fraction: float) -> None:
             if self.cancel_requested():
@@ -132,8 +146,7 @@ class EngineServer:
     def _generate(self, request: Generate) -> None:
         if self.session is None:
             raise UserError("no model is loaded: load one first")
-        prompt = Prompt(request.token_ids, request.text, request.messages, request.reasoning_effort)
-        ids = self.session.prompt_ids(prompt)
+        ids = self._prompt_ids(request)
         sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
         if not self.busy:
             self._stats.restart()
@@ -244,7 +257,7 @@ def engine_main(requests, events) -> None:
             head = inbox[0]
             if isinstance(head, Shutdown):
                 return
-            if (server.busy and isinstance(head, LoadModel)) or not server.has_room:
+            if server.busy and (isinstance(head, LoadModel) or not server.can_start(head)):
                 break
             server.handle(inbox.popleft())
         if server.busy:

@@ -46,11 +46,11 @@ def test_a_cancelled_generation_leaves_before_the_next_step_and_the_other_goes_o
         if isinstance(event, Tokens) and event.request_id == 2 and len(recorder.tokens(2)) == 3:
             recorder.requests.put(Cancel(2))
 
-    recorder = run_engine([LoadModel(str(tiny_gpt_oss), context=64), Generate(1, 20, token_ids=[5, 6, 7]),
+    recorder = run_engine([LoadModel(str(tiny_gpt_oss), context=80), Generate(1, 20, token_ids=[5, 6, 7]),
                            Generate(2, 40, token_ids=[9, 8, 7, 6])], cancel_after_three, expected_done=2)
     assert next(e for e in recorder.events if isinstance(e, Loaded)).info["max_batch"] == 8
     assert len(recorder.tokens(2)) == 3 and recorder.done(2) == Done("cancelled", {}, 2)
-    session = Session.load(tiny_gpt_oss, context=64, dtype="float32")
+    session = Session.load(tiny_gpt_oss, context=80, dtype="float32")
     alone = collect(session.generate([5, 6, 7], SamplingParams(), 20))
     assert recorder.tokens(1) == alone["token_ids"]
     assert recorder.done(1).stop_reason == alone["stop_reason"]
@@ -80,3 +80,14 @@ def test_cancel_without_an_id_stops_every_generation(tiny_gpt_oss):
                            Generate(2, 30, token_ids=[9, 8])], cancel_all, expected_done=2)
     assert {recorder.done(1).stop_reason, recorder.done(2).stop_reason} == {"cancelled"}
     assert len(recorder.tokens(1)) == 2
+
+
+def test_a_generation_waits_while_the_running_ones_hold_the_planned_kv_cache(tiny_gpt_oss):
+    recorder = run_engine([LoadModel(str(tiny_gpt_oss), context=40), Generate(1, 17, token_ids=[5, 6, 7]),
+                           Generate(2, 20, token_ids=[9, 8]), Generate(3, 3, token_ids=[10, 11])],
+                          lambda recorder, event: None, expected_done=3)
+    # 1 holds 20 tokens of the 40; 2 needs 22, so it waits for 1 to end, and 3 (arrived later) behind it
+    ends = [e.request_id for e in recorder.events if isinstance(e, Done)]
+    assert ends == [1, 3, 2]
+    assert recorder.done(1).stats["batch"]["mean_size"] == 1
+    assert recorder.done(3).stats["batch"]["mean_size"] == 2
