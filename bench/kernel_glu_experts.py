@@ -1,0 +1,205 @@
+"""The fused GLM expert kernels (glu_experts_triton.py) on a CUDA GPU, at GLM-4.5-Air's real shapes.
+
+    python3 bench/kernel_glu_experts.py OUT.json
+
+All 128 experts of a layer sit in cache slots (hidden 4096, moe_intermediate 1408), each token routes to
+8 of them; T = 1 (decode), 16 (a verify block) and 128 (a prefill chunk). Weight formats: FP8 with one
+scale per output channel (compressed-tensors: GLM-4.5-Air-FP8's own layout), FP8 with 128 × 128 block
+scales (fp8: the GLM-5 FP8 layout) and bf16. Each case is first checked against the float32 torch
+reference (poisoned allocations, skipped picks), then timed as in kernel_gpt_oss_experts.py: `op`
+(do_bench, L2 flushed), `graph` (CUDA graph cycling through 8 routings) and `kernels` (profiler).
+Bandwidth = bytes of the experts the tokens route to (weights and scales, each read once) / time,
+against a device-to-device copy (bytes read + written) measured in the same run. T = 1 also sweeps tile
+sizes in the Air format; its fastest tiles per projection run once more as the `tuned` case.
+"""
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench, do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
+
+from app.kernels.glu_experts import glu_experts_torch
+from app.kernels.glu_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
+from bench.kernel_gpt_oss_experts import attempt, copy_bandwidth, kernel_times, machine
+from tests.kernels.poison import poisoned_allocations
+
+HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
+TOKEN_COUNTS = (1, 16, 128)
+FORMATS = {"fp8-per-channel": None, "fp8-block128": (128, 128), "bf16": None}
+TILE_SWEEP = [Tiles(16, 128), Tiles(32, 128), Tiles(32, 256), Tiles(64, 128), Tiles(64, 64, 4, 4)]
+
+
+def make_arenas(fmt: str) -> dict[str, torch.Tensor]:
+    """Weights about the size of trained ones; FP8 scales chosen so that dequantized weights are too."""
+    arenas = {}
+    for name, (out, inputs) in {"gate_proj": (WIDTH, HIDDEN), "up_proj": (WIDTH, HIDDEN),
+                                "down_proj": (HIDDEN, WIDTH)}.items():
+        if fmt == "bf16":
+            arenas[f"{name}.weight"] = (torch.randn(NUM_SLOTS, out, inputs, device="cuda") * inputs**-0.5).bfloat16()
+            continue
+        weight = torch.empty(NUM_SLOTS, out, inputs, dtype=torch.float8_e4m3fn, device="cuda")
+        for slot in range(NUM_SLOTS):  # one slot at a time: a float32 copy of the whole arena is 3 GB
+            weight[slot] = (torch.randn(out, inputs, device="cuda") * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+        arenas[f"{name}.weight"] = weight
+        scale = 0.01 * inputs**-0.5
+        if FORMATS[fmt]:
+            blocks = (NUM_SLOTS, -(-out // 128), -(-inputs // 128))
+            arenas[f"{name}.weight_scale_inv"] = scale * (0.5 + torch.rand(blocks, device="cuda"))
+        else:
+            arenas[f"{name}.weight_scale"] = scale * (0.5 + torch.rand(NUM_SLOTS, out, 1, device="cuda"))
+    return arenas
+
+
+def make_routing(tokens: int, skip: float = 0.0):
+    """slots [T, k] distinct per token, a fraction `skip` of them -1 (never a token's first pick)."""
+    slots = torch.rand(tokens, NUM_SLOTS, device="cuda").topk(PICKS, dim=-1).indices
+    skipped = torch.rand(slots.shape, device="cuda") < skip
+    skipped[:, 0] = False
+    slots[skipped] = -1
+    weights = torch.softmax(torch.randn(tokens, PICKS, device="cuda"), dim=-1).bfloat16()
+    return slots, weights
+
+
+def expert_bytes(arenas: dict[str, torch.Tensor]) -> int:
+    return sum(t[0].numel() * t.element_size() for t in arenas.values())
+
+
+def bytes_read(arenas, slots) -> int:
+    return len(set(slots[slots >= 0].tolist())) * expert_bytes(arenas)
+
+
+def check(arenas, fmt: str, tokens: int, config: LaunchConfig | None) -> dict:
+    hidden = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+    slots, weights = make_routing(tokens, skip=0.1)
+    with poisoned_allocations():
+        out = run_experts(hidden, arenas, slots, weights, FORMATS[fmt], config)
+    ref = glu_experts_torch(hidden.float(), arenas, slots, weights.float(), FORMATS[fmt])
+    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2}
+
+
+def time_case(arenas, fmt: str, tokens: int, config: LaunchConfig | None) -> dict:
+    hidden = torch.randn(tokens, HIDDEN, device="cuda").bfloat16()
+    routings = [make_routing(tokens) for _ in range(8)]
+    if tokens == 1:  # 8 disjoint sets of 8 experts: consecutive graph replays share nothing in L2
+        order = torch.randperm(NUM_SLOTS, device="cuda")[: 8 * PICKS].view(8, 1, PICKS)
+        routings = [(order[i], weights) for i, (_, weights) in enumerate(routings)]
+    slots, weights = routings[0]
+    op = lambda: run_experts(hidden, arenas, slots, weights, FORMATS[fmt], config)  # noqa: E731
+    calls = iter(range(10**9))
+
+    def rotating():
+        s, w = routings[next(calls) % len(routings)]
+        return run_experts(hidden, arenas, s, w, FORMATS[fmt], config)
+
+    op()
+    moved = bytes_read(arenas, slots)
+    moved_rotating = statistics.mean(bytes_read(arenas, s) for s, _ in routings)
+    op_ms = do_bench(op, warmup=10, rep=50, return_mode="median")
+    graph_ms = do_bench_cudagraph(rotating, rep=20, return_mode="median")
+    kernels = kernel_times(op, runs=10)
+    projections_us = kernels.get("_gate_up_kernel", 0) + kernels.get("_down_kernel", 0)
+    return {
+        "bytes_read": moved,
+        "op_us": op_ms * 1e3,
+        "graph_us": graph_ms * 1e3,
+        "kernels_us": kernels,
+        "op_bandwidth": moved / (op_ms * 1e-3),
+        "graph_bandwidth": moved_rotating / (graph_ms * 1e-3),
+        "projection_kernels_bandwidth": moved / (projections_us * 1e-6) if projections_us else None,
+    }
+
+
+def profile_config(arenas, fmt: str, config: LaunchConfig) -> dict:
+    hidden = torch.randn(1, HIDDEN, device="cuda").bfloat16()
+    slots, weights = make_routing(1)
+    op = lambda: run_experts(hidden, arenas, slots, weights, FORMATS[fmt], config)  # noqa: E731
+    return {"kernels_us": kernel_times(op, runs=10)}
+
+
+def sweep_tiles(arenas, fmt: str) -> list[dict]:
+    """T = 1: each candidate for both projections; the profiler separates the two kernels."""
+    rows = []
+    for tiles in TILE_SWEEP:
+        rows.append({"tiles": tiles.__dict__} | attempt(profile_config, arenas, fmt, LaunchConfig(16, tiles, tiles)))
+        print(f"  sweep {tiles}: {rows[-1].get('kernels_us', rows[-1].get('error'))}", flush=True)
+    return rows
+
+
+def fastest_tiles(sweep: list[dict]) -> LaunchConfig:
+    timed = [row for row in sweep if "kernels_us" in row]
+    gate_up = min(timed, key=lambda row: row["kernels_us"]["_gate_up_kernel"])["tiles"]
+    down = min(timed, key=lambda row: row["kernels_us"]["_down_kernel"])["tiles"]
+    return LaunchConfig(16, Tiles(**gate_up), Tiles(**down))
+
+
+def main(out_path: str) -> None:
+    started = time.time()
+    torch.manual_seed(0)
+    copy = copy_bandwidth()
+    report = {
+        "machine": machine(),
+        "command": "python3 " + " ".join(sys.argv),
+        "shapes": {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS, "routing": "uniform random"},
+        "copy_bandwidth": copy,
+        "floor": "bytes of the routed experts / copy bandwidth (read + write counted)",
+        "cases": [],
+        "sweeps": {},
+    }
+    print(f"device-to-device copy: {copy / 1e12:.2f} TB/s", flush=True)
+
+    def save():  # after every step: a run stopped at its time limit still leaves its results
+        report["seconds"] = time.time() - started
+        Path(out_path).write_text(json.dumps(report, indent=1))
+
+    tuned = None
+    for fmt in FORMATS:
+        arenas = make_arenas(fmt)
+        report["expert_bytes_" + fmt] = expert_bytes(arenas)
+        if fmt == "fp8-per-channel":
+            sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, fmt)
+            tuned = fastest_tiles(sweep) if any("kernels_us" in row for row in sweep) else None
+            save()
+        for tokens, config in [(tokens, None) for tokens in TOKEN_COUNTS] + ([(1, tuned)] if tuned else []):
+            config_used = config or pick_config(tokens * PICKS)
+            case = {"format": fmt, "tokens": tokens, "config": repr(config_used), "tuned": config is not None}
+            case["check"] = attempt(check, arenas, fmt, tokens, config)
+            case |= attempt(time_case, arenas, fmt, tokens, config)
+            if "op_bandwidth" in case:
+                case["floor_us"] = case["bytes_read"] / copy * 1e6
+                case["fraction_of_copy_bandwidth"] = {
+                    key: case[key] / copy
+                    for key in ("op_bandwidth", "graph_bandwidth", "projection_kernels_bandwidth")
+                    if case[key]
+                }
+            report["cases"].append(case)
+            print_case(case)
+            save()
+        del arenas
+        torch.cuda.empty_cache()
+    save()
+    print(f"wrote {out_path} after {report['seconds']:.0f} s")
+
+
+def print_case(case: dict) -> None:
+    title = f"{case['format']:15} T={case['tokens']:3}{' tuned' if case['tuned'] else ''}"
+    if "error" in case:
+        print(f"{title} {case['config']}: {case['error'][:500]}", flush=True)
+        return
+    kernels = {name[1:-7]: round(us, 1) for name, us in case["kernels_us"].items()}
+    fractions = {key.split("_")[0]: round(value, 2) for key, value in case["fraction_of_copy_bandwidth"].items()}
+    print(
+        f"{title} error={case['check'].get('relative_error', case['check'])} op={case['op_us']:.1f}us "
+        f"graph={case['graph_us']:.1f}us floor={case['floor_us']:.1f}us kernels={kernels} fractions={fractions}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
