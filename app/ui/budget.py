@@ -9,7 +9,8 @@ from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPushButton, QSlid
 from app.engine.protocol import LoadModel
 from app.errors import UserError
 from app.model_folder import ModelFolder
-from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placement, predict_decode
+from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placement
+from app.plan_gpus import expert_workspace, plan_budgets, predict_gpus
 from app.sizes import format_size
 from app.ui.hardware import Machine
 from app.ui.placement_bar import PlacementBar
@@ -38,8 +39,12 @@ class BudgetPanel(QWidget):
         self.path: str | None = None
         self.facts: ModelFacts | None = None
         self.placement: Placement | None = None
+        self.gpus: tuple[Placement, ...] = ()  # one per GPU while the experts spread over several
         self.prediction: Prediction | None = None
         self.gpu_max = self.ram_max = 0
+        self.more_gpu_sliders: list[QSlider] = []  # GPU 1, 2, ...: their experts' share (0: left out)
+        self.more_gpu_labels: list[QLabel] = []
+        self.more_gpu_max: list[int] = []
 
         self.title = QLabel("Pick a model in the library to plan its memory.")
         self.title.setWordWrap(True)
@@ -66,7 +71,7 @@ class BudgetPanel(QWidget):
         self.load_button = QPushButton("Load with this plan")
         self.load_button.clicked.connect(self._request_load)
 
-        form = QFormLayout()
+        self.form = form = QFormLayout()
         form.addRow(self.gpu_label, self.gpu_slider)
         form.addRow(self.ram_label, self.ram_slider)
         form.addRow("Context", self.context)
@@ -95,6 +100,15 @@ class BudgetPanel(QWidget):
     def ram_budget(self) -> int:
         return self.ram_max * self.ram_slider.value() // STEPS
 
+    @property
+    def gpu_budgets(self) -> int | tuple[int, ...]:
+        """The first GPU's budget, or one per GPU up to the last whose slider is above 0 (the load request's)."""
+        budgets = [self.gpu_budget, *(top * slider.value() // STEPS
+                                      for top, slider in zip(self.more_gpu_max, self.more_gpu_sliders, strict=True))]
+        while len(budgets) > 1 and budgets[-1] == 0:
+            budgets.pop()
+        return tuple(budgets) if len(budgets) > 1 else budgets[0]
+
     def show_model(self, path: str | None) -> None:
         """Plan for the model folder at `path` (None: no model)."""
         self.path, self.facts = path, None
@@ -112,6 +126,7 @@ class BudgetPanel(QWidget):
         if self.machine is None:
             self.machine = self._machine_source()
             self.machine_label.setText(self.machine.describe())
+            self._add_gpu_sliders()
         self.title.setText(f"<b>{folder.path.name}</b> · {self.facts.model_type} · "
                            f"{self.facts.total_experts} routed experts of {format_size(self.facts.expert_bytes)}")
         self._fill_contexts(folder.config.get("max_position_embeddings", CONTEXTS[-1]))
@@ -121,9 +136,24 @@ class BudgetPanel(QWidget):
         self._set_enabled(True)
         self._bound_sliders()
         gpu_default = min(self.gpu_max, int(DEFAULT_GPU_SHARE * self.machine.device_bytes))
+        for slider in self.more_gpu_sliders:
+            slider.setValue(0)
         self.gpu_slider.setValue(STEPS * gpu_default // max(self.gpu_max, 1))
         self.ram_slider.setValue(STEPS * ram_default // max(self.ram_max, 1))
+        # further GPUs join when the first cannot hold every expert
+        alone = self.placement is not None and self.placement.expert_slots == self.facts.total_experts
+        for slider, top, size in zip(self.more_gpu_sliders, self.more_gpu_max, self.machine.more_gpu_bytes,
+                                     strict=True):
+            slider.setValue(0 if alone else STEPS * min(top, int(DEFAULT_GPU_SHARE * size)) // max(top, 1))
         self._replan()
+
+    def _add_gpu_sliders(self) -> None:
+        for index in range(1, len(self.machine.gpus_bytes)):
+            slider, label = self._slider(), QLabel()
+            self.form.insertRow(index, label, slider)
+            self.more_gpu_sliders.append(slider)
+            self.more_gpu_labels.append(label)
+            self.more_gpu_max.append(0)
 
     def _bound_sliders(self) -> None:
         """The GPU slider ends where the machine ends or where everything fits (for this context); with
@@ -133,6 +163,10 @@ class BudgetPanel(QWidget):
             speculates = self.speculation.options()["spec"] != "off"
             self.gpu_max = self.machine.device_bytes if speculates else \
                 min(self.machine.device_bytes, everything.device_bytes)
+            # a further GPU holds its slots and the experts' workspace; beyond every expert nothing is gained
+            experts = expert_workspace(self.facts, self.context.currentData(), self._dtype_bytes) + \
+                self.facts.total_experts * self.facts.expert_bytes
+            self.more_gpu_max = [min(size, experts) for size in self.machine.more_gpu_bytes]
         self._replan()
 
     def _fill_contexts(self, longest: int) -> None:
@@ -152,22 +186,28 @@ class BudgetPanel(QWidget):
         return dtype_bytes(self.machine.dtype)
 
     def _set_enabled(self, enabled: bool) -> None:
-        for widget in (self.gpu_slider, self.ram_slider, self.context, self.load_button):
+        for widget in (self.gpu_slider, *self.more_gpu_sliders, self.ram_slider, self.context, self.load_button):
             widget.setEnabled(enabled)
 
     def _replan(self) -> None:
-        self.placement = self.prediction = None
+        self.placement, self.gpus, self.prediction = None, (), None
         self.refusal.clear()
         if self.facts is not None and self.machine is not None:
-            self.gpu_label.setText(f"{self.device_name} budget {format_size(self.gpu_budget)}")
+            first = "GPU 0" if self.more_gpu_sliders else self.device_name
+            self.gpu_label.setText(f"{first} budget {format_size(self.gpu_budget)}")
+            for index, (label, top, slider) in enumerate(zip(self.more_gpu_labels, self.more_gpu_max,
+                                                             self.more_gpu_sliders, strict=True), start=1):
+                budget = top * slider.value() // STEPS
+                label.setText(f"GPU {index} budget {format_size(budget) if budget else 'off'}")
             self.ram_label.setText(f"RAM budget {format_size(self.ram_budget)}")
             try:
-                self.placement = plan_placement(self.facts, self.gpu_budget, self.ram_budget,
-                                                self.context.currentData(), self._dtype_bytes)
+                self.placement, self.gpus = plan_budgets(self.facts, self.gpu_budgets, self.ram_budget,
+                                                         self.context.currentData(), self._dtype_bytes)
             except UserError as error:
                 self.refusal.setText(f"This plan cannot run: {error}")
         if self.placement is not None:
-            self.prediction = predict_decode(self.facts, self.placement, self._dtype_bytes, self.machine.hardware)
+            self.prediction = predict_gpus(self.facts, self.placement, self.gpus, self._dtype_bytes,
+                                           self.machine.hardware)
             self._show_plan()
         for widget in (self.bar, self.speed, self.details):
             widget.setVisible(self.placement is not None)
@@ -188,10 +228,15 @@ class BudgetPanel(QWidget):
 
     def _show_plan(self) -> None:
         p, placement = self.prediction, self.placement
-        self.bar.show_placement(placement, self.device_name, self.gpu_budget, self.gpu_max)
+        where = f"the {self.device_name}"
+        if self.gpus:
+            self.bar.show_gpus(self.gpus, self.gpu_budgets, [self.gpu_max, *self.more_gpu_max][: len(self.gpus)])
+            where = f"{len(self.gpus)} GPUs ({' + '.join(str(gpu.expert_slots) for gpu in self.gpus)})"
+        else:
+            self.bar.show_placement(placement, self.device_name, self.gpu_budget, self.gpu_max)
         self.speed.setText(f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s")
         self.details.setText(
-            f"{placement.expert_slots} of {self.facts.total_experts} experts on the {self.device_name}"
+            f"{placement.expert_slots} of {self.facts.total_experts} experts on {where}"
             f" · cache hit rate {p.hit_rate:.0%} (uniform routing, the worst case)"
             f" · {format_size(p.fetched_bytes_per_token)} fetched per token · limited by {p.bound}"
             f" · {placement.disk_experts} experts read from disk"
@@ -199,6 +244,6 @@ class BudgetPanel(QWidget):
 
     def _request_load(self) -> None:
         self.load_requested.emit(LoadModel(
-            self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budget,
+            self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budgets,
             ram_budget=self.ram_budget, context=self.context.currentData(), **self.speculation.options(),
         ))

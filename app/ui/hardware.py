@@ -18,6 +18,7 @@ class Machine:
     gpu_name: str | None = None
     gpu_bytes: int | None = None
     pcie_gen: int | None = None
+    more_gpu_bytes: tuple[int, ...] = ()  # memory of every further GPU: the experts can spread over all of them
 
     @property
     def device(self) -> str:
@@ -33,6 +34,11 @@ class Machine:
         return self.gpu_bytes or self.ram_bytes
 
     @property
+    def gpus_bytes(self) -> tuple[int, ...]:
+        """Memory of each GPU, the first one's first; empty without a GPU."""
+        return (self.gpu_bytes, *self.more_gpu_bytes) if self.gpu_bytes else ()
+
+    @property
     def hardware(self) -> Hardware:
         """The performance model's rates: the card's datasheet bandwidth where its name is known."""
         if not self.gpu_bytes:
@@ -46,11 +52,15 @@ class Machine:
         if not self.gpu_bytes:
             return f"no NVIDIA GPU found: the model runs on the CPU · {ram}"
         gen = f", PCIe Gen{self.pcie_gen}" if self.pcie_gen else ""
-        return f"{self.gpu_name} ({self.gpu_bytes / GIB:.0f} GiB{gen}) · {ram}"
+        more = "".join(f" + GPU {i} ({size / GIB:.0f} GiB)" for i, size in enumerate(self.more_gpu_bytes, start=1))
+        return f"{self.gpu_name} ({self.gpu_bytes / GIB:.0f} GiB{gen}){more} · {ram}"
 
 
 def detect_machine(run=subprocess.run) -> Machine:
-    return Machine(total_ram(), *_first_gpu(run))
+    gpus = _gpus(run)
+    if not gpus:
+        return Machine(total_ram())
+    return Machine(total_ram(), *gpus[0], more_gpu_bytes=tuple(memory for _, memory, _ in gpus[1:]))
 
 
 def total_ram() -> int:
@@ -64,13 +74,14 @@ def total_ram() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _first_gpu(run) -> tuple[str | None, int | None, int | None]:
+def _gpus(run) -> list[tuple[str, int, int | None]]:
+    """(name, memory bytes, PCIe generation) of every GPU nvidia-smi lists, in its order."""
     try:
         result = run(_SMI_QUERY, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return None, None, None
-    lines = result.stdout.strip().splitlines() if result.returncode == 0 else []
-    if not lines:
-        return None, None, None
-    name, memory_mib, gen = (part.strip() for part in lines[0].split(","))
-    return name, int(float(memory_mib)) << 20, int(gen) if gen.isdigit() else None
+        return []
+    gpus = []
+    for line in result.stdout.strip().splitlines() if result.returncode == 0 else []:
+        name, memory_mib, gen = (part.strip() for part in line.split(","))
+        gpus.append((name, int(float(memory_mib)) << 20, int(gen) if gen.isdigit() else None))
+    return gpus

@@ -40,14 +40,25 @@ class PlacementBar(QWidget):
         self.setMinimumHeight(2 * ROW_HEIGHT + 70)
 
     def sizeHint(self) -> QSize:
-        return QSize(480, 2 * ROW_HEIGHT + 70)
+        return QSize(480, self.minimumHeight())
 
     def show_placement(self, placement: Placement, device_label: str, budget: int, scale: int) -> None:
-        device = device_segments(placement, budget)
-        host = host_segments(placement)
-        self.rows = [(device_label, device, max(scale, sum(size for _, size in device))),
-                     ("RAM / disk", host, sum(size for _, size in host))]
-        self.setToolTip("\n".join(f"{name}: {format_size(size)}" for _, segments, _ in self.rows
+        self._show([(device_label, placement, budget, scale)])
+
+    def show_gpus(self, gpus: tuple[Placement, ...], budgets: tuple[int, ...], scales: list[int]) -> None:
+        """A row per GPU of an expert-parallel plan (each to its own slider's scale), then RAM / disk."""
+        self._show([(f"GPU {i}", *row) for i, row in enumerate(zip(gpus, budgets, scales, strict=True))])
+
+    def _show(self, devices: list[tuple[str, Placement, int, int]]) -> None:
+        """devices: (label, placement, budget, scale) per device row; the host row is the first placement's."""
+        self.rows = []
+        for label, placement, budget, scale in devices:
+            segments = device_segments(placement, budget)
+            self.rows.append((label, segments, max(scale, sum(size for _, size in segments))))
+        host = host_segments(devices[0][1])
+        self.rows.append(("RAM / disk", host, sum(size for _, size in host)))
+        self.setMinimumHeight(len(self.rows) * (ROW_HEIGHT + 8) + 54)
+        self.setToolTip("\n".join(f"{label} {name}: {format_size(size)}" for label, segments, _ in self.rows
                                   for name, size in segments))
         self.update()
 

@@ -1,0 +1,93 @@
+"""The budget panel on a machine with two GPUs: a slider per GPU, the expert-parallel plan they give,
+the bar per GPU, and the load request carrying a budget per GPU."""
+
+import subprocess
+
+import pytest
+from PySide6.QtCore import Qt
+
+from app.model_folder import ModelFolder
+from app.plan import ModelFacts
+from app.plan_gpus import plan_gpus
+from app.ui.budget import STEPS, BudgetPanel
+from app.ui.hardware import GIB, Machine, detect_machine
+from tests.fixtures.shape_only import write_shape_only_model
+
+TWO_SMALL = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4060 Ti", gpu_bytes=8 * GIB, pcie_gen=4,
+                    more_gpu_bytes=(8 * GIB,))
+TWO_LARGE = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4,
+                    more_gpu_bytes=(24 * GIB,))
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_20b(tmp_path_factory):
+    return str(write_shape_only_model(tmp_path_factory.mktemp("gpt-oss-20b")))
+
+
+@pytest.fixture
+def panel(qtbot):
+    def make(machine: Machine, path: str) -> BudgetPanel:
+        panel = BudgetPanel(lambda: machine)
+        qtbot.addWidget(panel)
+        panel.show()
+        panel.show_model(path)
+        return panel
+
+    return make
+
+
+def test_a_second_gpu_gets_its_slider_and_the_plan_spreads_the_experts(panel, gpt_oss_20b):
+    budget = panel(TWO_SMALL, gpt_oss_20b)
+    facts = ModelFacts.from_folder(ModelFolder.open(gpt_oss_20b))
+    assert len(budget.more_gpu_sliders) == 1 and budget.gpu_label.text().startswith("GPU 0 budget")
+    assert budget.more_gpu_labels[0].text().startswith("GPU 1 budget")
+    budgets = budget.gpu_budgets
+    assert budgets == (budget.gpu_budget, pytest.approx(0.9 * 8 * GIB, rel=0.002))  # the default share
+    assert budget.gpus == plan_gpus(facts, budgets, budget.ram_budget, 4096, 2)
+    assert budget.placement.expert_slots == sum(gpu.expert_slots for gpu in budget.gpus)
+    assert [label for label, _, _ in budget.bar.rows] == ["GPU 0", "GPU 1", "RAM / disk"]
+    assert "on 2 GPUs" in budget.details.text()
+    two_gpus = budget.prediction
+    budget.more_gpu_sliders[0].setValue(0)  # GPU 1 off: the first GPU alone
+    assert budget.gpus == () and budget.gpu_budgets == budget.gpu_budget
+    assert budget.more_gpu_labels[0].text() == "GPU 1 budget off"
+    assert [label for label, _, _ in budget.bar.rows] == ["GPU", "RAM / disk"]
+    assert budget.prediction.hit_rate < two_gpus.hit_rate and budget.prediction.tok_s_low < two_gpus.tok_s_low
+
+
+def test_moving_the_second_gpus_slider_moves_its_share(panel, gpt_oss_20b, qtbot):
+    budget = panel(TWO_SMALL, gpt_oss_20b)
+    seen = []
+    for _ in range(4):
+        qtbot.keyClick(budget.more_gpu_sliders[0], Qt.Key.Key_PageDown)
+        seen.append((budget.gpus[0].expert_slots, budget.gpus[1].expert_slots, budget.prediction.tok_s_low))
+    first, second, speeds = zip(*seen, strict=True)
+    assert len(set(first)) == 1  # the first GPU's share stays
+    assert list(second) == sorted(second, reverse=True) and len(set(second)) == 4
+    assert list(speeds) == sorted(speeds, reverse=True)
+
+
+def test_the_load_request_carries_a_budget_per_gpu(panel, gpt_oss_20b, qtbot):
+    budget = panel(TWO_SMALL, gpt_oss_20b)
+    budget.more_gpu_sliders[0].setValue(STEPS // 2)
+    with qtbot.waitSignal(budget.load_requested) as requested:
+        qtbot.mouseClick(budget.load_button, Qt.MouseButton.LeftButton)
+    assert requested.args[0].gpu_budget == budget.gpu_budgets == (budget.gpu_budget, budget.more_gpu_max[0] // 2)
+
+
+def test_a_second_gpu_stays_off_while_the_first_holds_every_expert(panel, gpt_oss_20b):
+    budget = panel(TWO_LARGE, gpt_oss_20b)
+    assert budget.more_gpu_sliders[0].value() == 0 and budget.gpus == ()
+    assert budget.placement.expert_slots == budget.facts.total_experts
+    assert isinstance(budget.gpu_budgets, int)
+
+
+def test_every_gpu_nvidia_smi_lists_is_found():
+    def smi(args, **_):
+        return subprocess.CompletedProcess(args, 0, "NVIDIA GeForce RTX 4090, 24564, 4\nNVIDIA GeForce RTX 3090, "
+                                                    "24576, 4\n", "")
+
+    machine = detect_machine(run=smi)
+    assert machine.gpu_name == "NVIDIA GeForce RTX 4090" and machine.more_gpu_bytes == (24576 << 20,)
+    assert machine.gpus_bytes == (24564 << 20, 24576 << 20)
+    assert "+ GPU 1 (24 GiB)" in machine.describe()
