@@ -53,7 +53,7 @@ class LoadModel:
     path: str
     device: str = "cpu"
     dtype: str = "float32"
-    gpu_budget: int | None = None
+    gpu_budget: int | tuple[int, ...] | None = None  # a tuple: one budget per GPU, the experts spread over them
     ram_budget: int | None = None
     context: int = 4096
     spec: str = "off"
