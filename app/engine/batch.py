@@ -101,9 +101,10 @@ class Batch:
             events += self._emit(sequence)
         return events
 
-    def leave(self, request_id: int) -> bool:
-        """Drop a sequence (cancelled); False if it is not decoding here."""
-        return self.sequences.pop(request_id, None) is not None
+    def leave(self, request_id: int) -> dict | None:
+        """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
+        sequence = self.sequences.pop(request_id, None)
+        return self._stats(sequence) if sequence else None
 
     def _emit(self, sequence: Sequence) -> list[Tokens | Done]:
         sequence.emitted += 1

@@ -107,10 +107,14 @@ class EngineServer:
             self.cancel(None)
 
     def cancel(self, request_id: int | None) -> None:
-        """End generation `request_id` of the batch (None: all of them) before the next step."""
-        for running in [request_id] if request_id is not None else list(self.batch.sequences if self.batch else []):
-            if self.batch is not None and self.batch.leave(running):
-                self.send(Done("cancelled", {}, running))
+        """End generation `request_id` of the batch (None: all of them) before the next step; its Done
+        carries the figures of what it did."""
+        if self.batch is None:
+            return
+        for running in [request_id] if request_id is not None else list(self.batch.sequences):
+            stats = self.batch.leave(running)
+            if stats is not None:
+                self.send(Done("cancelled", stats, running))
 
     def _load(self, request: LoadModel) -> None:
         self.cancel(None)

@@ -81,7 +81,7 @@ def test_a_sequence_leaves_at_once_and_the_others_go_on(offloaded_session):
     batch.join(2, PROMPTS[2], SamplingParams(temperature=0.9, seed=4), 30)
     assert not batch.has_room(1)  # two sequences, the most it takes
     batch.step()
-    assert batch.leave(1) and not batch.leave(1)
+    assert batch.leave(1)["decode_tokens"] == 1 and batch.leave(1) is None
     events = batch.step()
     assert {e.request_id for e in events} == {2}
     assert batch.has_room(CONTEXT - 32) and not batch.has_room(CONTEXT - 31)  # 2 + 30 tokens reserved

@@ -49,7 +49,8 @@ def test_a_cancelled_generation_leaves_before_the_next_step_and_the_other_goes_o
     recorder = run_engine([LoadModel(str(tiny_gpt_oss), context=80), Generate(1, 20, token_ids=[5, 6, 7]),
                            Generate(2, 40, token_ids=[9, 8, 7, 6])], cancel_after_three, expected_done=2)
     assert next(e for e in recorder.events if isinstance(e, Loaded)).info["max_batch"] == 8
-    assert len(recorder.tokens(2)) == 3 and recorder.done(2) == Done("cancelled", {}, 2)
+    assert len(recorder.tokens(2)) == 3 and recorder.done(2).stop_reason == "cancelled"
+    assert recorder.done(2).stats["decode_tokens"] == 2 and recorder.done(2).stats["prefill_tokens"] == 4
     session = Session.load(tiny_gpt_oss, context=80, dtype="float32")
     alone = collect(session.generate([5, 6, 7], SamplingParams(), 20))
     assert recorder.tokens(1) == alone["token_ids"]
