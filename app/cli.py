@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
 
     generate = commands.add_parser("generate", help="generate text from a prompt")
     generate.set_defaults(run=_run_generate)
-    generate.add_argument("model", help="model folder (config.json + *.safetensors)")
+    generate.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
     source = generate.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-ids", type=_token_ids, help="raw token ids, e.g. 1,2,3 (no tokenizer, no template)")
@@ -52,10 +52,30 @@ def _parser() -> argparse.ArgumentParser:
     generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
     generate.add_argument("--spec", choices=SPEC_METHODS, default="off",
                           help="speculative decoding: a DFlash drafter (--drafter), or GLM's own MTP layer")
-    generate.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash)")
+    generate.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash); demo: the demo model's")
     generate.add_argument("--block-size", type=_positive_int,
                           help="positions every speculative step verifies (default: chosen per step by cost)")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+    serve = commands.add_parser("serve", help="answer the OpenAI API (chat and completions) over HTTP")
+    serve.set_defaults(run=_run_serve)
+    serve.add_argument("model", help="model folder (config.json + *.safetensors)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (not loopback: needs --api-key)")
+    serve.add_argument("--port", type=_positive_int, default=8000)
+    serve.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
+    serve.add_argument("--model-name", help="the model's id in the API (default: the folder's name)")
+    serve.add_argument("--context", type=_positive_int, default=4096,
+                       help="KV cache tokens, shared by the requests decoding together (one may use them all)")
+    serve.add_argument("--max-batch", type=_positive_int, default=8, help="requests decoded together")
+    serve.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those; more get 429")
+    serve.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    serve.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
+    serve.add_argument("--gpu-budget", type=_size, help="bytes the engine may use on the device, e.g. 8G")
+    serve.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
+    serve.add_argument("--spec", choices=SPEC_METHODS, default="off",
+                       help="speculative decoding (then one request at a time): DFlash (--drafter) or GLM's MTP")
+    serve.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash)")
+    serve.add_argument("--block-size", type=_positive_int, help="positions every speculative step verifies")
 
     download = commands.add_parser("download", help="download a model from the Hugging Face hub (resumable)")
     download.set_defaults(run=_run_download)
@@ -107,6 +127,7 @@ def _run_generate(args) -> int:
     from app.engine.sampling import SamplingParams
     from app.engine.session import Prompt, Session, collect
     from app.engine.spec.options import SpecOptions
+    from app.paths import resolve_model
 
     if args.prompt_ids is not None:
         prompt = Prompt(token_ids=args.prompt_ids)
@@ -117,8 +138,9 @@ def _run_generate(args) -> int:
     else:
         prompt = Prompt(text=args.prompt)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    drafter = resolve_model(args.drafter, drafter=True) if args.drafter else None
     session, ids = Session.open(
-        args.model, prompt, args.max_new_tokens, spec=SpecOptions(args.spec, args.drafter, args.block_size),
+        resolve_model(args.model), prompt, args.max_new_tokens, spec=SpecOptions(args.spec, drafter, args.block_size),
         device=args.device, dtype=dtype, gpu_budget=args.gpu_budget, ram_budget=args.ram_budget,
     )
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
@@ -135,6 +157,25 @@ def _run_generate(args) -> int:
             stats = event.stats
             print(f"\n[{stats['decode_tokens'] + 1} tokens, {stats['decode_tok_s']:.1f} tok/s, "
                   f"stop: {event.stop_reason}]", file=sys.stderr)
+    return 0
+
+
+def _run_serve(args) -> int:
+    from pathlib import Path
+
+    from app.engine.protocol import LoadModel
+    from app.engine.spec.options import SpecOptions
+    from app.model_folder import ModelFolder
+    from app.server.serve import serve
+
+    if args.max_queue < 0:
+        raise UserError("--max-queue must be 0 or more")
+    folder = ModelFolder.open(args.model)
+    spec = SpecOptions(args.spec, args.drafter, args.block_size)
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    request = LoadModel(str(folder.path), args.device, dtype, args.gpu_budget, args.ram_budget, args.context,
+                        spec.method, spec.drafter, spec.block_size, args.max_batch)
+    serve(request, args.host, args.port, args.api_key, args.model_name or Path(folder.path).name, args.max_queue)
     return 0
 
 

@@ -29,7 +29,7 @@ def encode_mxfp4(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """values [..., G * 32] -> (blocks [..., G, 16] uint8, scales [..., G] uint8), the inverse of
     `decode_mxfp4` up to rounding: each group's scale is the smallest power of two that brings its
     largest magnitude within 6 (so nothing clips), and each value rounds to the nearest e2m1 code."""
-    groups = values.float().unflatten(-1, (-1, 32))  # [..., G, 32]
+    groups = values.float().contiguous().unflatten(-1, (-1, 32))  # [..., G, 32]
     largest = groups.abs().amax(dim=-1).clamp(min=2.0**-126)
     exponents = torch.ceil(torch.log2(largest / 6.0)).clamp(-127, 127)  # [..., G]
     scaled = groups / torch.exp2(exponents).unsqueeze(-1)

@@ -1,0 +1,105 @@
+"""The bundled demo model (resources/models) on held-out prompts: decode speed with speculation off and
+with its DFlash drafter at fixed block sizes, and the acceptance τ (tokens per verify step), greedy and
+sampled.
+
+    python bench/demo_model.py bench/results/demo-model-cpu-DATE.json                     (this machine)
+    python bench/demo_model.py OUT.json --device cuda [--target DIR --drafter DIR]        (a GPU)
+
+Prompts are the first --prompts chats of the target folder's heldout.json (items never trained on),
+rendered by its chat template; each answer is capped at --new tokens or ends at <|return|>. τ counts
+all steps of all prompts together: emitted tokens / verify steps. Greedy runs also record whether the
+tokens equal spec off's (they must, up to bf16 differences between a block verify and one-token steps
+on a GPU). The floor each speculative run is compared with is spec off on the same machine.
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.sampling import SamplingParams
+from app.engine.session import Prompt, Session, collect
+from app.engine.spec.options import SpecOptions
+from app.paths import DEMO_DRAFTER, DEMO_MODEL
+
+
+def run(session: Session, prompts: list[Prompt], temperature: float, new: int) -> dict:
+    tokens, rates, steps, emitted, outputs = 0, [], 0, 0, []
+    for index, prompt in enumerate(prompts):
+        result = collect(session.generate(session.prompt_ids(prompt), SamplingParams(temperature, 0, 1.0, index), new))
+        stats = result["stats"]
+        outputs.append(result["token_ids"])
+        tokens += len(result["token_ids"])
+        rates.append(stats["decode_tok_s"])
+        if "spec" in stats:
+            steps += stats["spec"]["steps"]
+            emitted += sum(stats["spec"]["accepted_per_step"]) + stats["spec"]["steps"]
+    figures = {"tokens": tokens, "decode_tok_s_median": statistics.median(rates), "decode_tok_s_mean":
+               statistics.fmean(rates)}
+    if steps:
+        figures.update({"verify_steps": steps, "tau": emitted / steps})
+    return figures | {"outputs": outputs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--target", default=str(DEMO_MODEL))
+    parser.add_argument("--drafter", default=str(DEMO_DRAFTER))
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--blocks", default="4,8,16")
+    parser.add_argument("--temperatures", default="0,0.7")
+    args = parser.parse_args()
+    dtype = "bfloat16" if args.device == "cuda" else "float32"
+    heldout = json.loads((Path(args.target) / "heldout.json").read_text())[: args.prompts]
+    prompts = [Prompt(messages=chat["messages"], reasoning_effort=chat["reasoning_effort"]) for chat in heldout]
+    context = 1024 + args.new
+    results = []
+    specs = [SpecOptions()] + [SpecOptions("dflash", args.drafter, int(b)) for b in args.blocks.split(",")]
+    for spec in specs:
+        session = Session.load(args.target, spec, context=context, dtype=dtype, device=args.device)
+        run(session, prompts[:1], 0.0, 16)  # warm-up: kernels compile on first use
+        for temperature in map(float, args.temperatures.split(",")):
+            started = time.monotonic()
+            figures = run(session, prompts, temperature, args.new)
+            entry = {"spec": spec.method, "block_size": spec.block_size, "temperature": temperature, **figures,
+                     "seconds": round(time.monotonic() - started, 1)}
+            results.append(entry)
+            print(json.dumps({k: v for k, v in entry.items() if k != "outputs"}), flush=True)
+    off = {r["temperature"]: r for r in results if r["spec"] == "off"}
+    for entry in results:
+        entry["speedup_over_spec_off"] = entry["decode_tok_s_mean"] / off[entry["temperature"]]["decode_tok_s_mean"]
+        if entry["temperature"] == 0 and entry["spec"] != "off":
+            entry["greedy_tokens_equal_spec_off"] = entry["outputs"] == off[0.0]["outputs"]
+    for entry in results:
+        del entry["outputs"]
+    report = {
+        "machine": _machine(args.device), "command": " ".join(["python", *sys.argv]),
+        "model": {"target": args.target, "drafter": args.drafter, "dtype": dtype},
+        "prompts": len(prompts), "max_new_tokens": args.new, "floor": "spec off on the same machine",
+        "runs": results,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+def _machine(device: str) -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "processor": platform.processor() or platform.machine()}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+if __name__ == "__main__":
+    main()

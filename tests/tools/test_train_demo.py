@@ -1,0 +1,75 @@
+"""tools/train_demo.py end to end at smoke scale: the target it exports loads in our engine and in
+transformers with the same logits, and the drafter it exports drafts in our engine exactly what it was
+trained to draft (its batched training forward)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import GptOssForCausalLM
+
+from app.engine.loader import load_model
+from app.engine.models.dflash import open_dflash
+from app.engine.spec.dflash import DFlashSpeculation
+from app.model_folder import ModelFolder
+from tests.engine.greedy import prompt_and_decode_logits
+from tools.demo.drafter import DFlashTrainee
+from tools.train_demo import DRAFTER_NAME, TARGET_NAME, TRAINING_FILE, main
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo")
+    main(["--smoke", "--out", str(out), "--target-steps", "3", "--drafter-steps", "3"])
+    return out
+
+
+def heldout_prompt(trained) -> list[int]:
+    from app.engine.tokenizer import ChatTokenizer
+
+    chat = json.loads((trained / TARGET_NAME / "heldout.json").read_text())[0]
+    return ChatTokenizer.load(trained / TARGET_NAME).render_chat(chat["messages"], chat["reasoning_effort"])
+
+
+def test_the_exported_target_is_a_real_mxfp4_gpt_oss_that_our_engine_and_transformers_agree_on(trained):
+    folder = ModelFolder.open(trained / TARGET_NAME)
+    assert folder.tensors["model.layers.0.mlp.experts.gate_up_proj_blocks"].dtype == "U8"
+    assert folder.config["quantization_config"]["quant_method"] == "mxfp4"
+    ids = heldout_prompt(trained)
+    assert len(ids) > 8
+    reference = GptOssForCausalLM.from_pretrained(str(folder.path), dtype=torch.float32).eval()
+    model = load_model(folder, dtype="float32", context=len(ids) + 8).model
+    ours, expected = prompt_and_decode_logits(model, reference, ids, 4)
+    assert (ours - expected).abs().max() <= 1e-4
+    report = json.loads((trained / TRAINING_FILE).read_text())
+    assert report["target"]["steps"] == 3 and report["drafter"]["steps"] == 3
+
+
+def test_our_engine_drafts_what_the_drafter_was_trained_to_draft(trained):
+    ids = heldout_prompt(trained)
+    target = load_model(ModelFolder.open(trained / TARGET_NAME), dtype="float32", context=len(ids) + 16).model
+    speculation = DFlashSpeculation(trained / DRAFTER_NAME, None)
+    speculation.load(target)
+    drafter = speculation.drafter
+    with torch.inference_mode():
+        _, features = target.forward(torch.tensor(ids), target.new_kv_cache(len(ids)),
+                                     capture=drafter.config.target_layer_ids)
+    anchor, size = len(ids) - 5, 8
+    block = torch.full((size,), drafter.config.mask_token_id)
+    block[0] = ids[anchor]
+    context = drafter.new_context_cache(len(ids) + size)
+    with torch.inference_mode():
+        drafter.add_context(features[:anchor], context)
+        ours = drafter.draft(block, context)
+
+    _, config = open_dflash(trained / DRAFTER_NAME)
+    trainee = DFlashTrainee(json.loads((trained / DRAFTER_NAME / "config.json").read_text()))
+    stored = load_file(str(trained / DRAFTER_NAME / "model.safetensors"))
+    trainee.load_state_dict({name: tensor.float() for name, tensor in stored.items()})
+    with torch.no_grad():
+        hidden = trainee(target.embed[block][None, None], features[None], torch.tensor([[anchor]]))
+        expected = (hidden[0, 0, 1:] @ target.lm_head.T).float()
+    assert ours.shape == (size - 1, config.vocab_size)
+    assert (ours - expected).abs().max() <= 1e-4
+    assert expected.std() > 0.1

@@ -1,0 +1,145 @@
+"""Train the bundled demo model: a small GPT-OSS-architecture MoE and its DFlash drafter.
+
+    python tools/train_demo.py --device cuda --seconds 420      (the shipped model: one H200, ~8 minutes)
+    python tools/train_demo.py --smoke --out /tmp/demo          (the whole pipeline on a 2-core CPU, ~1 minute)
+    python tools/evaluate_demo.py                               (perplexity, acceptance, routing: the model card)
+
+What it does, seeded (--seed, default 0) so that a run with the same Python (its standard library is the
+data), the same step counts and the same device repeats itself:
+1. Data (tools/demo/corpus.py): the docstrings and source of this Python's standard library and the pydoc
+   language topics, as question → answer chats; 4 % of the items (by a hash of their name) are held out.
+2. Tokenizer: byte-level BPE (`tokenizers`) learned from the training chats, with the harmony special tokens
+   that the gpt-oss chat template uses (ids 0–8, <|return|> = 2 ends an answer) and <|reserved_mask|> (id 9),
+   the drafter's mask token.
+3. Target (tools/demo/target.py): transformers' GptOssForCausalLM with gpt-oss-20b's config keys at small
+   sizes — attention sinks, sliding window 128 on every other layer, YaRN RoPE, 16 experts top-4 — trained on
+   packed chats; the last quarter of the steps sees its experts rounded to MXFP4 (straight-through), then it
+   is exported as the published checkpoint: MXFP4 expert blocks/scales, bf16 for the rest.
+4. Drafter (tools/demo/drafter.py): the target answers training prompts (2/3 greedy, 1/3 at temperature
+   0.7); a z-lab DFlash drafter learns to predict those answers block by block from the target's features.
+
+Step counts: --target-steps / --drafter-steps (defaults in tools/demo/target.py and drafter.py). With
+--seconds, each phase gets a share of that wall time and trims its step count once, after ten steps, to
+fit; training.json records the counts that ran, so a rerun with them repeats the run.
+"""
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.tokenizer import ChatTokenizer
+from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
+from tools.demo import drafter as drafting
+from tools.demo import target as targeting
+from tools.demo.chat_data import continuations, encode_chat, heldout_perplexity, pack
+from tools.demo.corpus import as_chats, collect_items
+from tools.demo.drafter import DFlashTrainee, DrafterData, drafter_config, export_drafter, train_drafter
+
+TARGET_NAME, DRAFTER_NAME = "demo-gpt-oss", "demo-gpt-oss-dflash"
+MASK_TOKEN = "<|reserved_mask|>"
+HELDOUT_FILE = "heldout.json"
+TRAINING_FILE = "training.json"
+# Shares of --seconds: target training, continuations, drafter training.
+TIME_SHARES = {"target": 0.5, "continuations": 0.17, "drafter": 0.33}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    started = time.monotonic()
+    device = torch.device(args.device)
+    out = Path(args.out)
+    target_folder, drafter_folder = out / TARGET_NAME, out / DRAFTER_NAME
+
+    def log(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {message}", flush=True)
+
+    items = collect_items(smoke=args.smoke)
+    train_items = [item for item in items if not item.held_out]
+    heldout_items = [item for item in items if item.held_out] or items[-4:]
+    train_chats, heldout_chats = as_chats(train_items, args.seed), as_chats(heldout_items, args.seed + 1)
+    log(f"{len(items)} items: {len(train_chats)} training chats, {len(heldout_chats)} held out")
+
+    vocab = 512 if args.smoke else 4096
+    texts = [chat.messages[0]["content"] + "\n" + chat.answer for chat in train_chats]
+    learned = write_harmony_tokenizer(target_folder, texts, vocab, extra_special_tokens=[MASK_TOKEN])
+    tokenizer = ChatTokenizer.load(target_folder)
+    train_ids = [encode_chat(tokenizer, chat) for chat in train_chats]
+    heldout_ids = [encode_chat(tokenizer, chat) for chat in heldout_chats]
+    log(f"tokenizer: {learned} tokens; {sum(len(p) + len(a) for p, a in train_ids)} training tokens")
+
+    config = targeting.target_config(args.smoke, vocab)
+    settings = targeting.SMOKE_TRAINING if args.smoke else targeting.FULL_TRAINING
+    settings = replace(settings, steps=args.target_steps or settings.steps)
+    model = targeting.build_target(config, settings, args.seed)
+    target_report = targeting.train_target(model, pack(train_ids, settings.sequence), settings, device, args.seed,
+                                           log, _share(args, "target"))
+    targeting.export_target(model, config, target_folder)
+    perplexity = heldout_perplexity(model, heldout_ids, device)
+    log(f"target exported; held-out answer perplexity {perplexity:.2f}")
+
+    prompts = [prompt for prompt, _ in train_ids][: 12 if args.smoke else None]
+    new_tokens = 24 if args.smoke else 320
+    batch = 6 if args.smoke else 384
+    seconds = _share(args, "continuations") or float("inf")
+    data = DrafterData.joined([
+        continuations(model, prompts[0::3] + prompts[1::3], new_tokens, 0.0, batch, device, args.seed,
+                      seconds * 2 / 3, log),
+        continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
+    ])
+    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0])
+    dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
+    dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps)
+    torch.manual_seed(args.seed)
+    trainee = DFlashTrainee(dconfig)
+    drafter_report = train_drafter(trainee, dconfig, model, data, dsettings, device, args.seed, log,
+                                   _share(args, "drafter"))
+    export_drafter(trainee, dconfig, drafter_folder)
+
+    heldout = [{"messages": chat.messages, "reasoning_effort": chat.reasoning_effort, "answer": chat.answer}
+               for chat in heldout_chats]
+    (target_folder / HELDOUT_FILE).write_text(json.dumps(heldout, indent=1))
+    report = {
+        "command": " ".join(["python", "tools/train_demo.py", *(argv if argv is not None else sys.argv[1:])]),
+        "seed": args.seed, "python": platform.python_version(), "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+        "data": {"items": len(items), "training_chats": len(train_chats), "heldout_chats": len(heldout_chats),
+                 "training_tokens": sum(len(p) + len(a) for p, a in train_ids), "tokenizer_vocab": learned},
+        "target": {"config": {k: config[k] for k in (*targeting.FULL_SIZES, "sliding_window")},
+                   "settings": asdict(replace(settings, steps=target_report["steps"])), **target_report,
+                   "heldout_perplexity_at_training": round(perplexity, 3)},
+        "drafter": {"config": {k: dconfig[k] for k in (*drafting.FULL_SIZES, "block_size")},
+                    "target_layer_ids": dconfig["dflash_config"]["target_layer_ids"],
+                    "settings": asdict(replace(dsettings, steps=drafter_report["steps"])), **drafter_report},
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    (out / TRAINING_FILE).write_text(json.dumps(report, indent=2))
+    log(f"done: {target_folder}, {drafter_folder}")
+
+
+def _share(args, phase: str) -> float | None:
+    return args.seconds * TIME_SHARES[phase] if args.seconds else None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "resources" / "models"),
+                        help="folder that receives demo-gpt-oss/, demo-gpt-oss-dflash/ and training.json")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, a few modules, tens of steps (CPU)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seconds", type=float, help="wall time for the three phases together")
+    parser.add_argument("--target-steps", type=int)
+    parser.add_argument("--drafter-steps", type=int)
+    return parser
+
+
+if __name__ == "__main__":
+    main()
