@@ -10,7 +10,8 @@ reference (poisoned allocations, skipped picks), then timed as in kernel_gpt_oss
 (do_bench, L2 flushed), `graph` (CUDA graph cycling through 8 routings) and `kernels` (profiler).
 Bandwidth = bytes of the experts the tokens route to (weights and scales, each read once) / time,
 against a device-to-device copy (bytes read + written) measured in the same run. T = 1 also sweeps tile
-sizes in the Air format; its fastest tiles per projection run once more as the `tuned` case.
+sizes and the product dtype (FP8 weights in float16 or bf16) in the Air format; its fastest tiles per
+projection run once more as the `tuned` case, in every format.
 """
 
 import json
@@ -32,7 +33,11 @@ from tests.kernels.poison import poisoned_allocations
 HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
 TOKEN_COUNTS = (1, 16, 128)
 FORMATS = {"fp8-per-channel": None, "fp8-block128": (128, 128), "bf16": None}
-TILE_SWEEP = [Tiles(16, 128), Tiles(32, 128), Tiles(32, 256), Tiles(64, 128), Tiles(64, 64, 4, 4)]
+# gate_up tiles hold features / 2 gate rows and as many up rows
+SWEEP = [LaunchConfig(16, Tiles(64, 128), Tiles(64, 128), fp16_products=False)] + [
+    LaunchConfig(16, tiles, tiles, fp16_products=True)
+    for tiles in (Tiles(64, 128), Tiles(128, 128), Tiles(64, 256), Tiles(64, 128, 4, 4), Tiles(128, 128, 8, 3))
+]
 
 
 def make_arenas(fmt: str) -> dict[str, torch.Tensor]:
@@ -123,20 +128,21 @@ def profile_config(arenas, fmt: str, config: LaunchConfig) -> dict:
     return {"kernels_us": kernel_times(op, runs=10)}
 
 
-def sweep_tiles(arenas, fmt: str) -> list[dict]:
+def sweep_configs(arenas, fmt: str) -> list[dict]:
     """T = 1: each candidate for both projections; the profiler separates the two kernels."""
     rows = []
-    for tiles in TILE_SWEEP:
-        rows.append({"tiles": tiles.__dict__} | attempt(profile_config, arenas, fmt, LaunchConfig(16, tiles, tiles)))
-        print(f"  sweep {tiles}: {rows[-1].get('kernels_us', rows[-1].get('error'))}", flush=True)
+    for config in SWEEP:
+        rows.append({"config": repr(config)} | attempt(profile_config, arenas, fmt, config))
+        print(f"  sweep {config}: {rows[-1].get('kernels_us', rows[-1].get('error'))}", flush=True)
     return rows
 
 
-def fastest_tiles(sweep: list[dict]) -> LaunchConfig:
-    timed = [row for row in sweep if "kernels_us" in row]
-    gate_up = min(timed, key=lambda row: row["kernels_us"]["_gate_up_kernel"])["tiles"]
-    down = min(timed, key=lambda row: row["kernels_us"]["_down_kernel"])["tiles"]
-    return LaunchConfig(16, Tiles(**gate_up), Tiles(**down))
+def fastest_config(sweep: list[dict]) -> LaunchConfig:
+    """The sweep's fastest tiles for each projection, separately (with the fastest gate_up's product dtype)."""
+    timed = [(config, row) for config, row in zip(SWEEP, sweep, strict=True) if "kernels_us" in row]
+    gate_up = min(timed, key=lambda pair: pair[1]["kernels_us"]["_gate_up_kernel"])[0]
+    down = min(timed, key=lambda pair: pair[1]["kernels_us"]["_down_kernel"])[0]
+    return LaunchConfig(16, gate_up.gate_up, down.down, gate_up.fp16_products)
 
 
 def main(out_path: str) -> None:
@@ -163,10 +169,11 @@ def main(out_path: str) -> None:
         arenas = make_arenas(fmt)
         report["expert_bytes_" + fmt] = expert_bytes(arenas)
         if fmt == "fp8-per-channel":
-            sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, fmt)
-            tuned = fastest_tiles(sweep) if any("kernels_us" in row for row in sweep) else None
+            sweep = report["sweeps"][fmt + "_T1"] = sweep_configs(arenas, fmt)
+            tuned = fastest_config(sweep) if any("kernels_us" in row for row in sweep) else None
             save()
-        for tokens, config in [(tokens, None) for tokens in TOKEN_COUNTS] + ([(1, tuned)] if tuned else []):
+        tuned_cases = [(1, tuned), (16, tuned)] if tuned else []
+        for tokens, config in [(tokens, None) for tokens in TOKEN_COUNTS] + tuned_cases:
             config_used = config or pick_config(tokens * PICKS)
             case = {"format": fmt, "tokens": tokens, "config": repr(config_used), "tuned": config is not None}
             case["check"] = attempt(check, arenas, fmt, tokens, config)

@@ -32,7 +32,7 @@ NO_SCALE, PER_CHANNEL, PER_BLOCK = 0, 1, 2  # the SCALES constexpr
 
 @dataclass(frozen=True)
 class Tiles:
-    """One projection's tiles: `features` outputs by `depth` inputs per step."""
+    """One projection's tiles: `features` outputs by `depth` inputs per step (gate_up: half gate, half up)."""
 
     features: int
     depth: int
@@ -45,11 +45,12 @@ class LaunchConfig:
     pairs_per_tile: int  # BLOCK_M, shared by both projections (the plan depends on it); >= 16 for tl.dot
     gate_up: Tiles
     down: Tiles
+    fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
 
 
 def pick_config(num_pairs: int) -> LaunchConfig:
     pairs_per_tile = 16 if num_pairs <= 256 else 32
-    return LaunchConfig(pairs_per_tile, Tiles(32, 128), Tiles(32, 128))
+    return LaunchConfig(pairs_per_tile, Tiles(64, 128), Tiles(64, 128), fp16_products=True)
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,10 @@ class Projection:
     def kernel_args(self) -> tuple:
         return self.weight, self.scale
 
-    def constants(self) -> dict:
-        return dict(SCALES=self.kind, SCALE_ROWS=self.block[0], SCALE_COLS=self.block[1])
+    def constants(self, half: bool) -> dict:
+        """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16)."""
+        return dict(SCALES=self.kind, SCALE_ROWS=self.block[0], SCALE_COLS=self.block[1],
+                    HALF=half and self.kind != NO_SCALE)
 
 
 def run_experts(
@@ -111,48 +114,75 @@ def run_experts(
     plan = plan_tiles(slots, num_slots, config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
     shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile)
+    half = config.fp16_products and hidden.dtype != torch.float32
 
     activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
     tiles = config.gate_up
-    _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features))](
-        hidden, *gate.kernel_args(), *up.kernel_args(), *tiles_in, activations, hidden_size, width, picks,
-        **shared, **gate.constants(), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
+    _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features // 2))](
+        hidden, *gate.kernel_args(), _element_offset(up.weight, gate.weight), up.scale, *tiles_in, activations,
+        hidden_size, width, picks,
+        **shared, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
         activations, *down.kernel_args(), weights, *tiles_in, per_pick, hidden_size, width,
-        **shared, **down.constants(), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
+        **shared, **down.constants(half), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return sum_picks(per_pick, slots, hidden.dtype)
 
 
+def _element_offset(tensor: torch.Tensor, base: torch.Tensor) -> int:
+    """Where `tensor` starts, in elements from `base` (same dtype)."""
+    offset, remainder = divmod(tensor.data_ptr() - base.data_ptr(), base.element_size())
+    assert tensor.dtype == base.dtype and remainder == 0, "gate_proj and up_proj arenas must share one dtype"
+    return offset
+
+
+@triton.jit
+def _row_pointers(
+    weight_ptr, scale_ptr, slot, features, n_size, k_size,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+):
+    """Per row of a tile: where W[slot][feature, :] starts and where its scales start (its per-channel scale
+    or its row of block scales; the weight's own pointer when unscaled). `weight_ptr` / `scale_ptr` may
+    differ per row (gate rows and up rows in one tile)."""
+    w_rows = weight_ptr + slot * n_size * k_size + features * k_size
+    if SCALES == 1:
+        s_rows = scale_ptr + slot * n_size + features
+    elif SCALES == 2:
+        scale_cols = tl.cdiv(k_size, SCALE_COLS)
+        s_rows = scale_ptr + slot * tl.cdiv(n_size, SCALE_ROWS) * scale_cols + (features // SCALE_ROWS) * scale_cols
+    else:
+        s_rows = w_rows
+    return w_rows, s_rows
+
+
 @triton.jit
 def _expert_matmul(
-    x_ptr, rows, used, weight_ptr, scale_ptr, slot, features, n_size, k_size,
-    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, rows, used, w_rows, s_rows, row_ok, k_size,
+    SCALES: tl.constexpr, SCALE_COLS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """W[slot][features, :] @ x[rows, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0), W [S, N, K]
+    """W @ x[rows, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0) for the weight rows of `_row_pointers`,
     scaled as SCALES says."""
-    feature_ok = features < n_size
     depth = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [BLOCK_K, BLOCK_M]
-    w_ptrs = weight_ptr + slot * n_size * k_size + features[:, None] * k_size + depth[None, :]  # [BLOCK_N, BLOCK_K]
-    if SCALES == 2:
-        scale_cols = tl.cdiv(k_size, SCALE_COLS)
-        s_ptrs = scale_ptr + slot * tl.cdiv(n_size, SCALE_ROWS) * scale_cols + (features // SCALE_ROWS) * scale_cols
+    w_ptrs = w_rows[:, None] + depth[None, :]  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in range(0, k_size, BLOCK_K):
         x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_size - k0), other=0.0)
-        w = tl.load(w_ptrs, mask=feature_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
+        elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 two more per weight; f16 x saturates
+            w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         if SCALES == 2:
-            scale = tl.load(s_ptrs + k0 // SCALE_COLS, mask=feature_ok, other=0.0).to(tl.float32)
+            scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)
             products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
             acc += products * scale[:, None]
         else:
@@ -160,35 +190,45 @@ def _expert_matmul(
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if SCALES == 1:
-        acc *= tl.load(scale_ptr + slot * n_size + features, mask=feature_ok, other=0.0).to(tl.float32)[:, None]
+        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     return acc
 
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, gate_ptr, gate_scale_ptr, up_ptr, up_scale_ptr,
+    hidden_ptr, gate_ptr, gate_scale_ptr, up_offset, up_scale_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr, hidden_size, width, picks,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """A tile's rows are BLOCK_N / 2 gate rows, then the same features' up rows: one product reads both."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
-    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    gate = _expert_matmul(
-        hidden_ptr, tokens, used, gate_ptr, gate_scale_ptr, slot, features, width, hidden_size,
-        SCALES, SCALE_ROWS, SCALE_COLS, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    row = tl.arange(0, BLOCK_N)
+    is_up = row >= BLOCK_N // 2
+    features = tl.program_id(1) * (BLOCK_N // 2) + row % (BLOCK_N // 2)
+    # up rows as an element offset from the gate arena (times 0 or 1, not tl.where, which hides the rows'
+    # alignment): Triton then loads them 16 bytes at a time, asynchronously
+    weight_ptr = gate_ptr + is_up.to(tl.int64) * up_offset
+    scale_ptr = gate_scale_ptr if SCALES == 0 else tl.where(is_up, up_scale_ptr, gate_scale_ptr)
+    w_rows, s_rows = _row_pointers(
+        weight_ptr, scale_ptr, slot, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS,
     )
-    up = _expert_matmul(
-        hidden_ptr, tokens, used, up_ptr, up_scale_ptr, slot, features, width, hidden_size,
-        SCALES, SCALE_ROWS, SCALE_COLS, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+    acc = _expert_matmul(
+        hidden_ptr, tokens, used, w_rows, s_rows, features < width, hidden_size,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
-    activation = gate * tl.sigmoid(gate) * up  # [BLOCK_N, BLOCK_M]
+    # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
+    gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_M)), (1, 2, 0)))
+    activation = gate * tl.sigmoid(gate) * up
+    columns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     tl.store(
-        activations_ptr + positions[None, :] * width + features[:, None],
+        activations_ptr + positions[None, :] * width + columns[:, None],
         activation.to(activations_ptr.dtype.element_ty),
-        mask=used[None, :] & (features[:, None] < width),
+        mask=used[None, :] & (columns[:, None] < width),
     )
 
 
@@ -197,16 +237,20 @@ def _down_kernel(
     activations_ptr, weight_ptr, scale_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows, s_rows = _row_pointers(
+        weight_ptr, scale_ptr, slot, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS,
+    )
     acc = _expert_matmul(
-        activations_ptr, positions, used, weight_ptr, scale_ptr, slot, features, hidden_size, width,
-        SCALES, SCALE_ROWS, SCALE_COLS, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, width,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
     tl.store(

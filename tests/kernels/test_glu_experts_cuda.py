@@ -1,11 +1,14 @@
 """The compiled Triton SiLU-gated experts on a GPU, at widths near GLM-4.5-Air's, against the torch
 reference; and the op captured in a CUDA graph. Skipped without a CUDA device (see conftest.py)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
 from app.engine.op_graph import SingleTokenGraph
 from app.kernels.glu_experts import glu_experts, glu_experts_torch
+from app.kernels.glu_experts_triton import pick_config, run_experts
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_glu_experts_triton import FORMATS, random_arenas
 from tests.kernels.test_gpt_oss_experts import random_routing, relative_error
@@ -36,6 +39,16 @@ def test_bfloat16_kernel_matches_float32_reference(fmt, tokens):
     assert relative_error(out, ref) < 1e-2
     if tokens > 1:
         assert (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("fmt", ["per-channel", "block128"])
+def test_bfloat16_products_match_float32_reference(fmt):
+    """FP8 weights multiplied in bf16 rather than the default float16."""
+    hidden, arenas, slots, weights = case(fmt, 16, 9)
+    config = replace(pick_config(slots.numel()), fp16_products=False)
+    with poisoned_allocations():
+        out = run_experts(hidden.bfloat16(), arenas, slots, weights.bfloat16(), FORMATS[fmt], config)
+    assert relative_error(out, glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])) < 1e-2
 
 
 @pytest.mark.parametrize("fmt", GPU_FORMATS)
