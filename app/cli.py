@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="answer the OpenAI API (chat and completions) over HTTP")
     serve.set_defaults(run=_run_serve)
-    serve.add_argument("model", help="model folder (config.json + *.safetensors)")
+    serve.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (not loopback: needs --api-key)")
     serve.add_argument("--port", type=_positive_int, default=8000)
     serve.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
@@ -166,12 +166,14 @@ def _run_serve(args) -> int:
     from app.engine.protocol import LoadModel
     from app.engine.spec.options import SpecOptions
     from app.model_folder import ModelFolder
+    from app.paths import resolve_model
     from app.server.serve import serve
 
     if args.max_queue < 0:
         raise UserError("--max-queue must be 0 or more")
-    folder = ModelFolder.open(args.model)
-    spec = SpecOptions(args.spec, args.drafter, args.block_size)
+    folder = ModelFolder.open(resolve_model(args.model))
+    drafter = resolve_model(args.drafter, drafter=True) if args.drafter else None
+    spec = SpecOptions(args.spec, drafter, args.block_size)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     request = LoadModel(str(folder.path), args.device, dtype, args.gpu_budget, args.ram_budget, args.context,
                         spec.method, spec.drafter, spec.block_size, args.max_batch)

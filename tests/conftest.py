@@ -29,3 +29,16 @@ def tiny_dflash(tiny_gpt_oss, tmp_path_factory):
     """A tiny DFlash drafter for the tiny GPT-OSS target (block size 6, target layers 0 and 2)."""
     target_config = json.loads((tiny_gpt_oss / "config.json").read_text())
     return write_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash"), target_config)
+
+
+@pytest.fixture(scope="session")
+def served_tiny_gpt_oss(tiny_gpt_oss):
+    """`moechat serve` on the tiny GPT-OSS (float32 CPU, experts offloaded to 6 slots, 4 requests decoding
+    together and 4 waiting at most), as a subprocess for the whole session."""
+    from tests.engine.test_batch import budget_for_slots
+    from tests.fixtures.openai_server import moechat_serve
+
+    context = 1024
+    with moechat_serve(tiny_gpt_oss, "--context", str(context), "--max-batch", "4", "--max-queue", "4",
+                       "--gpu-budget", str(budget_for_slots(tiny_gpt_oss, 6, context))) as server:
+        yield server
