@@ -10,7 +10,10 @@ off, with fixed block sizes, and with the cost-aware policy, at forced acceptanc
 Random weights accept nothing, so each run wraps a synthetic DFlash drafter of the published shape
 (its pass still runs, so steps cost what they would) in `AgreeingDrafter`, whose drafts agree with the
 target's greedy continuation (known from the spec-off run) with probability a. Greedy speculation must
-emit exactly the spec-off tokens; every run records whether it did. The expert slots are the same with
+emit exactly the spec-off tokens; every run records whether it did. The target's LM head is a permutation
+of its embedding (see `write_tiny_gpt_oss`): with a fully random head, bf16 rounding differences between
+a one-token step and a verify block flip near-tied argmaxes, the continuation leaves the one the drafter
+agrees with, and the forced acceptance is lost to numerics. The expert slots are the same with
 and without speculation; the drafter's device bytes are reported beside them.
 """
 
@@ -32,7 +35,7 @@ from app.engine.generate import generate
 from app.engine.loader import load_model
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler, SamplingParams
-from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
+from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
@@ -57,7 +60,7 @@ def write_checkpoints(folder: Path, model: str) -> tuple[Path, Path]:
         if model == "tiny":
             write_tiny_gpt_oss(target)
         else:
-            write_tiny_gpt_oss(target, scale_exponents=(116, 119), **REAL_SIZES[model], **SHAPES)
+            write_tiny_gpt_oss(target, scale_exponents=(116, 119), permuted_head=True, **REAL_SIZES[model], **SHAPES)
     if not (drafter / "config.json").exists():
         shapes = {} if model == "tiny" else DRAFTER_SHAPES
         write_tiny_dflash(drafter, json.loads((target / "config.json").read_text()), **DRAFTERS[model], **shapes)
@@ -91,7 +94,7 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
         return tokens_and_stats(generate(model, model.new_kv_cache(context), ids, sampler, args.new, []))
 
     def speculative(agreement: float, block_size: int | None, seed: int) -> tuple[list[int], dict]:
-        drafter = AgreeingDrafter(DFlashProposer(speculation.drafter, context), len(ids), reference, agreement,
+        drafter = AgreeingDrafter(speculation.new_drafter(context), len(ids), reference, agreement,
                                   facts.vocab_size, seed)
         sampler = Sampler(greedy, model.device)
         return tokens_and_stats(speculative_generate(model, model.new_kv_cache(context), ids, sampler, args.new, [],

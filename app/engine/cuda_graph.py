@@ -1,5 +1,8 @@
-"""Decode and verify steps captured once as CUDA graphs and replayed: no launch overhead, no host work
-per layer. Only for a model whose experts are all resident (routing needs no host)."""
+"""Passes over a KV cache captured once as CUDA graphs and replayed: no launch overhead, no host work
+per layer. The target's decode and verify steps are graphs only when every expert is resident (routing
+then needs no host); the drafter's passes always can be."""
+
+from collections.abc import Callable
 
 import torch
 
@@ -7,50 +10,64 @@ from app.engine.kv_cache import KVCache
 
 
 def graph_ready(model) -> bool:
-    """A step can be a graph: it runs on a GPU, routing needs no host work (every expert is resident)
-    and neither does the model's expert op (`graph_safe`, true unless a model says otherwise)."""
+    """A target step can be a graph: it runs on a GPU, routing needs no host work (every expert is
+    resident) and neither does the model's expert op (`graph_safe`, true unless a model says otherwise)."""
     return model.device.type == "cuda" and model.experts.complete and getattr(model, "graph_safe", True)
 
 
-class DecodeGraph:
-    """A forward pass of `num_tokens` positions after the committed ones. Capture happens at
-    construction; the cache must stay the same object for every step. With `capture` (layer indices,
-    see the model's forward) each step also leaves those layers' outputs in `features` [T, F].
-    Outputs are overwritten by the next replay of this graph, or of any graph sharing its `pool`."""
+class PassGraph:
+    """`run(inputs)` for inputs shaped like `example` [T, ...], written at the T positions after the
+    cache's committed ones, captured at construction. The cache must stay the same object; replaying
+    commits `advance` rows (what `run` itself would commit). The output is overwritten by the next
+    replay of this graph or of any graph sharing its `pool`."""
 
-    def __init__(self, model, cache: KVCache, capture: tuple[int, ...] = (), num_tokens: int = 1, pool=None):
+    def __init__(self, run: Callable[[torch.Tensor], object], cache: KVCache, example: torch.Tensor, advance: int,
+                 pool=None):
         self.cache = cache
-        self.num_tokens = num_tokens
-        self.tokens = torch.zeros(num_tokens, dtype=torch.long, device=cache.device)
-        self.offsets = torch.arange(num_tokens, device=cache.device)
+        self.advance = advance
+        self.inputs = example.clone()
+        self.offsets = torch.arange(len(example), device=cache.device)
         self.positions = self.offsets + cache.length
         cache.static_positions = self.positions
         committed = cache.length
         # rows from `committed` on are not part of the context yet, so warm-up and capture may write them
         side = torch.cuda.Stream(cache.device)
         side.wait_stream(torch.cuda.current_stream(cache.device))
-        with torch.cuda.stream(side), model.experts.uncounted():
+        with torch.cuda.stream(side):
             for _ in range(2):
-                model.forward(self.tokens, cache, capture=capture)
+                run(self.inputs)
                 cache.truncate(committed)
         torch.cuda.current_stream(cache.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            output = model.forward(self.tokens, cache, capture=capture)
-        self.logits, self.features = output if capture else (output, None)
+            self.output = run(self.inputs)
         cache.truncate(committed)
         cache.static_positions = None  # the graph keeps reading self.positions
 
-    def run(self, tokens: list[int]) -> torch.Tensor:
-        """Feed `num_tokens` tokens after the committed ones; return their logits [T, V]."""
-        self.cache.check_room(self.num_tokens)
-        if self.num_tokens == 1:
-            self.tokens.fill_(tokens[0])  # a kernel launch, cheaper than a copy from pageable memory
-        else:
-            self.tokens.copy_(torch.tensor(tokens, dtype=torch.long))
+    def __call__(self, inputs: torch.Tensor) -> object:
+        self.cache.check_room(len(self.inputs))
+        self.inputs.copy_(inputs)
         torch.add(self.offsets, self.cache.length, out=self.positions)
         self.graph.replay()
-        self.cache.advance(self.num_tokens)
+        self.cache.advance(self.advance)
+        return self.output
+
+
+class DecodeGraph:
+    """The target's forward pass over `num_tokens` positions. With `capture` (layer indices, see the
+    model's forward) each step also leaves those layers' outputs in `features` [T, F]."""
+
+    def __init__(self, model, cache: KVCache, capture: tuple[int, ...] = (), num_tokens: int = 1, pool=None):
+        self.device = cache.device
+        tokens = torch.zeros(num_tokens, dtype=torch.long, device=cache.device)
+        with model.experts.uncounted():
+            self.graph = PassGraph(lambda ids: model.forward(ids, cache, capture=capture), cache, tokens, num_tokens,
+                                   pool)
+        self.logits, self.features = self.graph.output if capture else (self.graph.output, None)
+
+    def run(self, tokens: list[int]) -> torch.Tensor:
+        """Feed `num_tokens` tokens after the committed ones; return their logits [T, V]."""
+        self.graph(torch.tensor(tokens, dtype=torch.long).to(self.device, non_blocking=True))
         return self.logits
 
     def step(self, token: int) -> torch.Tensor:

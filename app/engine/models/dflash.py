@@ -165,7 +165,8 @@ class DFlashDrafter:
         logits [B - 1, V] (float32) for the block's positions 1 … B - 1. The cache is left as it was."""
         c = self.config
         eps = c.rms_norm_eps
-        cos, sin = self.rotary.cos_sin(cache.positions(len(block_ids)), self.dtype)
+        positions = cache.positions(len(block_ids))
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
         h = self.target.embed[block_ids]
         for index, layer in enumerate(self.layers):
             x = rms_norm(h, layer["input_norm"], eps)
@@ -173,8 +174,9 @@ class DFlashDrafter:
             q = rotate_halves(rms_norm(q, layer["q_norm"], eps), cos, sin)
             k, v = self._keys_values(layer, x, cos, sin)
             keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
-            everything = torch.ones(len(block_ids), len(keys), dtype=torch.bool, device=self.device)
-            h = h + attend(q, keys, values, everything, c.head_dim**-0.5).flatten(-2) @ layer["o"].T
+            # the whole context and the whole block (bidirectional); rows past the block are stale (graphs)
+            visible = (torch.arange(len(keys), device=self.device) <= positions[-1]).expand(len(block_ids), -1)
+            h = h + attend(q, keys, values, visible, c.head_dim**-0.5).flatten(-2) @ layer["o"].T
             h = h + silu_glu(rms_norm(h, layer["post_norm"], eps), layer["gate"], layer["up"], layer["down"])
         h = rms_norm(h[1:], self.norm, eps)
         return (h @ self.target.lm_head.T).float()

@@ -6,6 +6,8 @@ from pathlib import Path
 import torch
 
 from app.engine.checkpoint import Checkpoint
+from app.engine.cuda_graph import PassGraph
+from app.engine.kv_cache import KVCache
 from app.engine.models.dflash import DFlashDrafter, check_pairing, open_dflash
 from app.engine.sampling import Sampler
 from app.engine.spec.drafter import Proposal
@@ -25,6 +27,7 @@ class DFlashSpeculation:
                             f"{self.config.block_size}")
         self.block_size = block_size
         self.drafter: DFlashDrafter | None = None
+        self._context: tuple[KVCache, DraftGraphs | None] | None = None
 
     def budget_left(self, gpu_budget: int | None, context: int, dtype: str) -> int | None:
         """The GPU budget that remains for the target once the drafter's weights and context cache
@@ -42,18 +45,44 @@ class DFlashSpeculation:
         self.drafter = DFlashDrafter(self.config, Checkpoint(self.folder), model)
 
     def new_drafter(self, capacity: int) -> "DFlashProposer":
-        return DFlashProposer(self.drafter, capacity)
+        """A proposer for one generation. Its context cache, and the CUDA graphs captured over it, are
+        reused by the next generation of the same capacity."""
+        if self._context is None or self._context[0].capacity != capacity:
+            context = self.drafter.new_context_cache(capacity)
+            graphs = DraftGraphs(self.drafter, context) if self.drafter.device.type == "cuda" else None
+            self._context = context, graphs
+        context, graphs = self._context
+        context.truncate(0)
+        return DFlashProposer(self.drafter, context, graphs)
+
+
+class DraftGraphs:
+    """The drafter's passes as CUDA graphs, captured over one context cache: a draft for every block size
+    and the context of every number of newly committed positions up to the block size (a speculative
+    step commits 1 … B); a prompt's context, longer, runs eagerly."""
+
+    def __init__(self, drafter: DFlashDrafter, context: KVCache):
+        pool = torch.cuda.graph_pool_handle()
+        sizes = range(1, drafter.config.block_size + 1)
+        ids = torch.zeros(1, dtype=torch.long, device=drafter.device)
+        features = torch.zeros(1, len(drafter.config.target_layer_ids) * drafter.config.hidden_size,
+                               dtype=drafter.dtype, device=drafter.device)
+        self.drafts = {size: PassGraph(lambda block: drafter.draft(block, context), context, ids.expand(size), 0, pool)
+                       for size in sizes if size > 1}
+        self.contexts = {size: PassGraph(lambda rows: drafter.add_context(rows, context), context,
+                                         features.expand(size, -1), size, pool) for size in sizes}
 
 
 class DFlashProposer:
     """Committed features wait until the next draft needs them (plain steps then cost no drafter work),
     or until a prefill chunk's worth has gathered."""
 
-    def __init__(self, drafter: DFlashDrafter, capacity: int):
+    def __init__(self, drafter: DFlashDrafter, context: KVCache, graphs: DraftGraphs | None = None):
         self.drafter = drafter
         self.block_size = drafter.config.block_size
         self.target_layers = drafter.config.target_layer_ids
-        self.context = drafter.new_context_cache(capacity)
+        self.context = context
+        self.graphs = graphs
         self.pending: list[torch.Tensor] = []
         self.pending_rows = 0
 
@@ -69,7 +98,8 @@ class DFlashProposer:
         self._add_pending()
         block = torch.full((count + 1,), self.drafter.config.mask_token_id, device=self.drafter.device)
         block[0] = anchor
-        logits = self.drafter.draft(block, self.context)
+        graph = self.graphs.drafts.get(len(block)) if self.graphs else None
+        logits = graph(block) if graph else self.drafter.draft(block, self.context)
         if sampler.params.greedy:
             return Proposal(logits.argmax(-1).tolist())
         probs = sampler.probabilities(logits)
@@ -77,5 +107,10 @@ class DFlashProposer:
 
     def _add_pending(self) -> None:
         if self.pending:
-            self.drafter.add_context(torch.cat(self.pending), self.context)
+            rows = torch.cat(self.pending)
+            graph = self.graphs.contexts.get(len(rows)) if self.graphs else None
+            if graph:
+                graph(rows)
+            else:
+                self.drafter.add_context(rows, self.context)
             self.pending, self.pending_rows = [], 0

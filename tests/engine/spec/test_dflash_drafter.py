@@ -109,7 +109,7 @@ def test_drafts_equal_the_formula_level_reference(prefix, tiny_gpt_oss, resident
         drafter.add_context(features[12:], context)
         logits = drafter.draft(torch.tensor(block), context)
         assert context.length == len(PROMPT)  # the block's rows are not kept
-        proposer = DFlashProposer(drafter, 64)
+        proposer = DFlashProposer(drafter, drafter.new_context_cache(64))
         proposer.commit(PROMPT, features)
         proposal = proposer.propose(block[0], 5, Sampler(SamplingParams(), torch.device("cpu")))
     assert (logits - expected).abs().max() <= 1e-4

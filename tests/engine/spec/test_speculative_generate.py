@@ -9,7 +9,7 @@ import torch
 from app.engine.generate import generate
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler, SamplingParams
-from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
+from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.step import Speculator
 from tests.engine.spec.conftest import load_offloaded
@@ -130,7 +130,7 @@ def test_rewinds_leave_the_target_and_drafter_caches_as_one_pass_over_the_commit
         offloaded_target, speculation, resident_target, references):
     ids = PROMPTS[4]
     reference = references[tuple(ids)]
-    proposer = DFlashProposer(speculation.drafter, len(ids) + NEW_TOKENS + 1)  # room to flush its context below
+    proposer = speculation.new_drafter(len(ids) + NEW_TOKENS + 1)  # room to flush its context below
     drafter = AgreeingDrafter(proposer, len(ids), reference, 0.6, VOCAB, seed=9)
     tokens, _, done, cache = speculate(offloaded_target, drafter, ids, block_size=4)
     kept = done.stats["spec"]["accepted_per_step"]
