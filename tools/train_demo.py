@@ -12,7 +12,7 @@ data), the same step counts and the same device repeats itself:
    that the gpt-oss chat template uses (ids 0–8, <|return|> = 2 ends an answer) and <|reserved_mask|> (id 9),
    the drafter's mask token.
 3. Target (tools/demo/target.py): transformers' GptOssForCausalLM with gpt-oss-20b's config keys at small
-   sizes — attention sinks, sliding window 128 on every other layer, YaRN RoPE, 16 experts top-4 — trained on
+   sizes — attention sinks, a sliding window (8 tokens) on every other layer, YaRN RoPE, 16 experts top-4 — trained on
    packed chats; the last quarter of the steps sees its experts rounded to MXFP4 (straight-through), then it
    is exported as the published checkpoint: MXFP4 expert blocks/scales, bf16 for the rest.
 4. Drafter (tools/demo/drafter.py): the target answers training prompts (2/3 greedy, 1/3 at temperature
@@ -67,23 +67,34 @@ def main(argv: list[str] | None = None) -> None:
     train_chats, heldout_chats = as_chats(train_items, args.seed), as_chats(heldout_items, args.seed + 1)
     log(f"{len(items)} items: {len(train_chats)} training chats, {len(heldout_chats)} held out")
 
-    vocab = 512 if args.smoke else 4096
-    texts = [chat.messages[0]["content"] + "\n" + chat.answer for chat in train_chats]
-    learned = write_harmony_tokenizer(target_folder, texts, vocab, extra_special_tokens=[MASK_TOKEN])
-    tokenizer = ChatTokenizer.load(target_folder)
+    if args.target_from:  # train a drafter for a target trained before
+        target_folder = Path(args.target_from)
+        tokenizer = ChatTokenizer.load(target_folder)
+        learned, config = tokenizer.vocab_size, json.loads((target_folder / "config.json").read_text())
+        model = targeting.load_target(target_folder, device)
+        target_part = json.loads((target_folder.parent / TRAINING_FILE).read_text())["target"]
+    else:
+        vocab = 512 if args.smoke else 4096
+        texts = [chat.messages[0]["content"] + "\n" + chat.answer for chat in train_chats]
+        learned = write_harmony_tokenizer(target_folder, texts, vocab, extra_special_tokens=[MASK_TOKEN])
+        tokenizer = ChatTokenizer.load(target_folder)
     train_ids = [encode_chat(tokenizer, chat) for chat in train_chats]
     heldout_ids = [encode_chat(tokenizer, chat) for chat in heldout_chats]
     log(f"tokenizer: {learned} tokens; {sum(len(p) + len(a) for p, a in train_ids)} training tokens")
 
-    config = targeting.target_config(args.smoke, vocab)
-    settings = targeting.SMOKE_TRAINING if args.smoke else targeting.FULL_TRAINING
-    settings = replace(settings, steps=args.target_steps or settings.steps)
-    model = targeting.build_target(config, settings, args.seed)
-    target_report = targeting.train_target(model, pack(train_ids, settings.sequence), settings, device, args.seed,
-                                           log, _share(args, "target"))
-    targeting.export_target(model, config, target_folder)
-    perplexity = heldout_perplexity(model, heldout_ids, device)
-    log(f"target exported; held-out answer perplexity {perplexity:.2f}")
+    if not args.target_from:
+        config = targeting.target_config(args.smoke, vocab)
+        settings = targeting.SMOKE_TRAINING if args.smoke else targeting.FULL_TRAINING
+        settings = replace(settings, steps=args.target_steps or settings.steps)
+        model = targeting.build_target(config, settings, args.seed)
+        target_report = targeting.train_target(model, pack(train_ids, settings.sequence), settings, device,
+                                               args.seed, log, _share(args, "target"))
+        targeting.export_target(model, config, target_folder)
+        perplexity = heldout_perplexity(model, heldout_ids, device)
+        log(f"target exported; held-out answer perplexity {perplexity:.2f}")
+        target_part = {"config": {k: config[k] for k in targeting.FULL_SIZES},
+                       "settings": asdict(replace(settings, steps=target_report["steps"])), **target_report,
+                       "heldout_perplexity_at_training": round(perplexity, 3)}
 
     prompts = [prompt for prompt, _ in train_ids][: 12 if args.smoke else None]
     new_tokens = 24 if args.smoke else 320
@@ -105,16 +116,15 @@ def main(argv: list[str] | None = None) -> None:
 
     heldout = [{"messages": chat.messages, "reasoning_effort": chat.reasoning_effort, "answer": chat.answer}
                for chat in heldout_chats]
-    (target_folder / HELDOUT_FILE).write_text(json.dumps(heldout, indent=1))
+    if not args.target_from:
+        (target_folder / HELDOUT_FILE).write_text(json.dumps(heldout, indent=1))
     report = {
         "command": " ".join(["python", "tools/train_demo.py", *(argv if argv is not None else sys.argv[1:])]),
         "seed": args.seed, "python": platform.python_version(), "torch": torch.__version__,
         "device": torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
         "data": {"items": len(items), "training_chats": len(train_chats), "heldout_chats": len(heldout_chats),
                  "training_tokens": sum(len(p) + len(a) for p, a in train_ids), "tokenizer_vocab": learned},
-        "target": {"config": {k: config[k] for k in (*targeting.FULL_SIZES, "sliding_window")},
-                   "settings": asdict(replace(settings, steps=target_report["steps"])), **target_report,
-                   "heldout_perplexity_at_training": round(perplexity, 3)},
+        "target": target_part,
         "drafter": {"config": {k: dconfig[k] for k in (*drafting.FULL_SIZES, "block_size")},
                     "target_layer_ids": dconfig["dflash_config"]["target_layer_ids"],
                     "settings": asdict(replace(dsettings, steps=drafter_report["steps"])), **drafter_report},
@@ -125,7 +135,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _share(args, phase: str) -> float | None:
-    return args.seconds * TIME_SHARES[phase] if args.seconds else None
+    if not args.seconds:
+        return None
+    shares = TIME_SHARES if not args.target_from else {"continuations": 0.2, "drafter": 0.8}
+    return args.seconds * shares[phase]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -138,6 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, help="wall time for the three phases together")
     parser.add_argument("--target-steps", type=int)
     parser.add_argument("--drafter-steps", type=int)
+    parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
+                                              "train only its drafter")
     return parser
 
 
