@@ -10,10 +10,11 @@ class AppSettings:
         saved = json.loads(path.read_text()) if path.is_file() else {}
         self.library: list[str] = saved.get("library", [])
         self.downloads: list[dict] = saved.get("downloads", [])  # {"repo_id", "revision", "folder"}
+        self.remote: dict | None = saved.get("remote")  # the last remote model: {"base_url", "model", "api_key"}
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"library": self.library, "downloads": self.downloads}
+        state = {"library": self.library, "downloads": self.downloads, "remote": self.remote}
         self.path.write_text(json.dumps(state, indent=2))
 
     def add_model(self, folder: str) -> None:
@@ -23,6 +24,10 @@ class AppSettings:
 
     def remove_model(self, folder: str) -> None:
         self.library = [path for path in self.library if path != folder]
+        self.save()
+
+    def remember_remote(self, remote: dict) -> None:
+        self.remote = remote
         self.save()
 
     def remember_download(self, repo_id: str, revision: str, folder: str) -> None:

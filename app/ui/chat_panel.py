@@ -168,8 +168,9 @@ class ChatPanel(QWidget):
 
     def _show_answer(self) -> None:
         answer = self.answer
+        tokens = answer.tokens or (None if self.client.remote else 0)  # a remote may not say its token ids
         self.view.update_streaming(answer.message_id, answer.text, answer.reasoning,
-                                   {"tokens": answer.tokens, "drafted_spans": answer.drafted_spans})
+                                   {"tokens": tokens, "drafted_spans": answer.drafted_spans})
 
     def _end_answer(self) -> None:
         self.answer = None

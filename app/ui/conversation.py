@@ -96,7 +96,10 @@ class Answer:
     def _stats(self, stop_reason: str, engine_stats: dict) -> dict:
         """The engine's figures when it sent them, else the ones measured here."""
         now = self.clock()
-        stats = {"stop_reason": stop_reason, "tokens": self.tokens}
+        remote = engine_stats.get("remote", False)
+        # a remote server that sends no token ids may still count them in its usage; None: it did not say
+        tokens = engine_stats.get("completion_tokens") if remote and not self.tokens else self.tokens
+        stats = {"stop_reason": stop_reason, "tokens": tokens}
         if "decode_tok_s" in engine_stats:
             stats["tok_s"] = engine_stats["decode_tok_s"]
             stats["ttft_s"] = engine_stats["ttft_s"]
@@ -104,6 +107,9 @@ class Answer:
             stats["ttft_s"] = self.first_token_at - self.started
             if self.tokens > 1 and now > self.first_token_at:
                 stats["tok_s"] = (self.tokens - 1) / (now - self.first_token_at)
+        elif remote:
+            stats["ttft_s"] = engine_stats.get("ttft_s")
+            stats["tok_s"] = None  # no token timings from this server
         if self.drafted_spans:
             stats["drafted_spans"] = self.drafted_spans
         spec = engine_stats.get("spec")

@@ -1,8 +1,9 @@
-"""The one object in the UI process that talks to the engine process."""
+"""The one object in the UI process that talks to the engine process, or to a remote server."""
 
 import itertools
 import queue
 import signal
+import threading
 from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -20,6 +21,8 @@ from app.engine.protocol import (
     Tokens,
     spawn_engine,
 )
+from app.errors import UserError
+from app.remote import RemoteModel, check_remote, stream_chat
 
 FRAME_MS = 16
 MAX_EVENTS_PER_FRAME = 2000
@@ -46,7 +49,9 @@ def exit_reason(exitcode: int) -> str:
 
 
 class EngineClient(QObject):
-    """Owns the engine process; pumps its events into signals once per frame.
+    """Owns the engine process; pumps its events into signals once per frame. Connected to a remote
+    server instead (`connect_remote`), it has no engine process: generations go over HTTP from worker
+    threads, whose events arrive through the same signals (no load_progress, step_stats or died).
 
     Signals (named as the events they report):
       load_progress(stage: str, fraction: float)
@@ -72,6 +77,9 @@ class EngineClient(QObject):
         self.engine: EngineProcess | None = None
         self.last_load: LoadModel | None = None
         self.info: dict | None = None  # what the engine has loaded
+        self.remote: RemoteModel | None = None
+        self._remote_events: queue.Queue = queue.Queue()
+        self._remote_cancels: dict[int, threading.Event] = {}
         self._request_ids = itertools.count(1)
         self._timer = QTimer(self)
         self._timer.setInterval(FRAME_MS)
@@ -81,8 +89,18 @@ class EngineClient(QObject):
     def running(self) -> bool:
         return self.engine is not None
 
+    def connect_remote(self, remote: RemoteModel) -> None:
+        """Chat through `remote` from now on (a local engine is shut down): `loaded` follows once the
+        server has answered and serves the model, with info {"remote": True, ...}; else `error` (kind "load")."""
+        self.shutdown()
+        self.remote, self.last_load = remote, None
+        self._remote_events = queue.Queue()
+        threading.Thread(target=self._check_remote, args=(remote, self._remote_events), daemon=True).start()
+        self._timer.start()
+
     def load(self, request: LoadModel) -> None:
         """Start the engine if needed and load `request` (exactly this plan)."""
+        self.remote = None
         self._ensure_started()
         self.last_load = request
         self.info = None
@@ -91,12 +109,19 @@ class EngineClient(QObject):
     def generate(self, request: Generate) -> int:
         """Send `request` under a new request id, which is returned."""
         request = replace(request, request_id=next(self._request_ids))
-        self.engine.send(request)
+        if self.remote is not None:
+            cancelled = self._remote_cancels[request.request_id] = threading.Event()
+            threading.Thread(target=stream_chat, args=(self.remote, request, self._remote_events.put,
+                                                       cancelled.is_set), daemon=True).start()
+        else:
+            self.engine.send(request)
         return request.request_id
 
     def cancel(self) -> None:
         if self.engine is not None:
             self.engine.send(Cancel())
+        for cancelled in self._remote_cancels.values():
+            cancelled.set()
 
     def restart(self) -> None:
         """A new engine process, loading the last model again with the same plan."""
@@ -108,6 +133,8 @@ class EngineClient(QObject):
 
     def shutdown(self) -> None:
         self._timer.stop()
+        self.cancel()
+        self.remote, self._remote_cancels = None, {}
         engine, self.engine, self.info = self.engine, None, None
         if engine is not None:
             engine.stop(timeout_s=2.0)
@@ -117,13 +144,22 @@ class EngineClient(QObject):
             self.engine = self._spawn()
             self._timer.start()
 
+    def _check_remote(self, remote: RemoteModel, events: queue.Queue) -> None:
+        try:
+            check_remote(remote)
+        except UserError as error:
+            events.put(Error("load", str(error)))
+            return
+        events.put(Loaded({"remote": True, "path": remote.base_url, "model": remote.model, "model_type": None}))
+
     def _pump(self) -> None:
         engine = self.engine
+        source = engine.events if engine is not None else self._remote_events
         batch: list[Tokens] = []
         drained = False
         for _ in range(MAX_EVENTS_PER_FRAME):
             try:
-                event = engine.events.get_nowait()
+                event = source.get_nowait()
             except (queue.Empty, OSError, EOFError):
                 drained = True
                 break
@@ -138,6 +174,8 @@ class EngineClient(QObject):
                 return
         if batch:
             self.tokens.emit(batch)
+        if engine is None:
+            return
         exitcode = engine.process.exitcode
         if drained and exitcode is not None and self.engine is engine:
             self._timer.stop()
@@ -153,6 +191,8 @@ class EngineClient(QObject):
         elif isinstance(event, StepStats):
             self.step_stats.emit(event)
         elif isinstance(event, Done):
+            self._remote_cancels.pop(event.request_id, None)
             self.finished.emit(event)
         elif isinstance(event, Error):
+            self._remote_cancels.pop(event.request_id, None)
             self.error.emit(event)

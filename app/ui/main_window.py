@@ -1,6 +1,7 @@
 """The main window: chats on the left; a Chat tab (conversation, chat settings, live charts) and a
 Models tab (library, downloads, budgets); the engine's state in the status bar."""
 
+from dataclasses import asdict
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -19,6 +20,7 @@ from PySide6.QtWidgets import (
 from app import paths
 from app.chats import ChatStore
 from app.engine.protocol import Error, LoadModel, spawn_engine
+from app.remote import RemoteModel
 from app.sizes import format_size
 from app.ui.app_settings import AppSettings
 from app.ui.budget import BudgetPanel
@@ -30,6 +32,7 @@ from app.ui.downloads import DownloadPanel
 from app.ui.engine_client import EngineClient
 from app.ui.hardware import Machine, detect_machine
 from app.ui.library import LibraryPanel
+from app.ui.remote_panel import RemotePanel
 
 
 class EngineBanner(QWidget):
@@ -70,6 +73,7 @@ class MainWindow(QMainWindow):
         self.library = LibraryPanel(self.settings)
         self.downloads = DownloadPanel(self.settings, data_dir / "models")
         self.budget = BudgetPanel(self.machine)
+        self.remote_panel = RemotePanel(self.settings.remote)
         self.banner = EngineBanner()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._chat_tab(), "Chat")
@@ -112,6 +116,7 @@ class MainWindow(QMainWindow):
         left = QSplitter(Qt.Orientation.Vertical)
         left.addWidget(self.library)
         left.addWidget(self.downloads)
+        left.addWidget(self.remote_panel)
         splitter = QSplitter()
         splitter.addWidget(left)
         splitter.addWidget(self.budget)
@@ -139,6 +144,7 @@ class MainWindow(QMainWindow):
         self.library.download_requested.connect(self.downloads.look_up)
         self.downloads.model_downloaded.connect(self.library.add_folder)
         self.budget.load_requested.connect(self.load)
+        self.remote_panel.connect_requested.connect(self.connect_remote)
         self.banner.restart_button.clicked.connect(self.restart_engine)
         client = self.client
         client.load_progress.connect(self._on_load_progress)
@@ -153,6 +159,11 @@ class MainWindow(QMainWindow):
         self.engine_status.setText(f"Starting the engine for {Path(request.path).name}…")
         self._show_loading(True)
         self.client.load(request)
+
+    def connect_remote(self, remote: RemoteModel) -> None:
+        self.banner.hide()
+        self.engine_status.setText(f"Connecting to {remote.model} at {remote.base_url}…")
+        self.client.connect_remote(remote)
 
     def restart_engine(self) -> None:
         self.banner.hide()
@@ -173,6 +184,12 @@ class MainWindow(QMainWindow):
 
     def _on_loaded(self, info: dict) -> None:
         self._show_loading(False)
+        if info.get("remote"):
+            self.settings.remember_remote(asdict(self.client.remote))
+            self.engine_status.setText(f"{info['model']} on {info['path']} (remote) · expert cache and "
+                                       "placement: unavailable from a remote server")
+            self.tabs.setCurrentIndex(0)
+            return
         device = self.client.last_load.device.upper()
         self.engine_status.setText(
             f"{Path(info['path']).name} ({info['model_type']}) · {info['expert_slots']} of "

@@ -13,6 +13,7 @@ DRAFTED_COLOUR = "#7048e8"  # the accepted-drafts colour of the speculation char
 DRAFTED_START, DRAFTED_END = "\ue000", "\ue001"
 _BLOCK_PREFIX = re.compile(r"\s*(?:(?:#+|>+|[*+-]|\d+[.)])\s+)*")
 _UNMARKED_LINE = re.compile(r"(?:```|~~~).*|[-=*_\s]*")  # fences, rules, setext underlines, blank lines
+UNAVAILABLE = "{} unavailable"  # a figure a remote server does not give (None), never shown as zero
 STOP_WORDS = {"stop": "finished", "length": "max tokens reached", "context": "context full", "cancelled": "stopped"}
 
 
@@ -68,11 +69,12 @@ def _mark_line(line: str) -> str:
 def stats_line(stats: dict) -> str:
     parts = []
     if "tok_s" in stats:
-        parts.append(f"{stats['tok_s']:.1f} tok/s")
+        parts.append(UNAVAILABLE.format("tok/s") if stats["tok_s"] is None else f"{stats['tok_s']:.1f} tok/s")
     if "ttft_s" in stats:
-        parts.append(f"first token {stats['ttft_s']:.2f} s")
+        parts.append(UNAVAILABLE.format("first token") if stats["ttft_s"] is None
+                     else f"first token {stats['ttft_s']:.2f} s")
     if "tokens" in stats:
-        parts.append(f"{stats['tokens']} tokens")
+        parts.append(UNAVAILABLE.format("tokens") if stats["tokens"] is None else f"{stats['tokens']} tokens")
     if "mean_accepted" in stats:
         parts.append(f"{stats['mean_accepted']:.2f} accepted per step")
     if "stop_reason" in stats:
