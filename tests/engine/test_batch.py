@@ -8,7 +8,7 @@ from app.cli import main
 from app.engine.batch import Batch
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import SamplingParams
-from app.engine.session import Session
+from app.engine.session import Session, collect
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, plan_placement
 
@@ -100,3 +100,19 @@ def test_a_seeded_sampled_request_does_not_depend_on_its_neighbours(offloaded_se
     events = crowded.join(8, PROMPTS[1], SamplingParams(temperature=1.0, seed=1), 10)
     events += crowded.join(7, PROMPTS[3], sampled, 10)
     assert tokens_of(7, crowded, events) == alone_tokens
+
+
+@pytest.mark.parametrize("variant", ["glm4_moe", "glm4_moe_lite", "glm_moe_dsa"])
+def test_glm_sequences_decoded_together_give_the_tokens_of_each_alone(variant, tiny_glm):
+    folder = tiny_glm(variant)
+    session = Session.load(folder, context=CONTEXT, dtype="float32", gpu_budget=budget_for_slots(folder, 4))
+    assert session.loaded.model.experts.num_slots == 4
+    prompts = {1: [5, 6, 7, 8], 2: [40, 41], 3: [100, 7, 25, 3, 9, 12]}
+    batch = Batch(session, max_sequences=3)
+    events = [e for request_id, prompt in prompts.items() for e in batch.join(request_id, prompt, SamplingParams(), 8)]
+    while batch.sequences:
+        events += batch.step()
+    for request_id, prompt in prompts.items():
+        alone = collect(session.generate(prompt, SamplingParams(), 8))
+        assert [t for e in events if isinstance(e, Tokens) and e.request_id == request_id
+                for t in e.token_ids] == alone["token_ids"], request_id

@@ -192,6 +192,12 @@ class GlmLayer:
         x = x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
         return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
 
+    def decode_batch(self, x: torch.Tensor, sequences: list[tuple[Step, KVCache]]) -> torch.Tensor:
+        """x [N, H], one token of each of N sequences: attention per sequence, the MLP once for all N."""
+        normed = rms_norm(x, self.input_norm, self.eps)
+        x = x + torch.cat([self.attention(normed[i : i + 1], step, cache) for i, (step, cache) in enumerate(sequences)])
+        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
+
 
 class GlmModel:
     """A GLM forward pass over one sequence. Subclasses give `rotary_dim`, `attention(index, cache_layer)`
@@ -257,6 +263,17 @@ class GlmModel:
                 outputs[index] = x
         cache.advance(len(token_ids))
         return finish_forward(self, x, outputs, capture, last_only)
+
+    def decode_batch(self, token_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """One token from each of N sequences, token_ids [N] and one cache per sequence -> logits [N, vocab]
+        (float32); each MoE layer's routed experts run once for all N tokens."""
+        sequences = [(self.step(cache, 1), cache) for cache in caches]
+        x = self.embed[token_ids]
+        for layer in self.layers:
+            x = layer.decode_batch(x, sequences)
+        for cache in caches:
+            cache.advance(1)
+        return finish_forward(self, x, {}, (), last_only=False)
 
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
