@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from app.engine.host_memory import HostArena, aligned_bytes
 from app.engine.op_graph import SingleTokenGraph
 
 PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
@@ -22,8 +23,8 @@ OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_paral
 class ExpertStore:
     """Every routed expert, in checkpoint format.
 
-    The first `host_experts` (in layer order) are copied into host memory, pinned when the cache
-    lives on a GPU; the rest stay views of the memory-mapped checkpoint and are read on demand.
+    The first `host_experts` (in layer order) are copied into one host allocation, page-locked when the
+    cache lives on a GPU; the rest stay views of the memory-mapped checkpoint and are read on demand.
     """
 
     def __init__(
@@ -39,29 +40,24 @@ class ExpertStore:
         self.num_experts = num_experts
         self._experts: dict[ExpertKey, ExpertTensors] = {}
         self._on_disk: set[ExpertKey] = set()
+        first = read_expert(layers[0], 0)
+        self.expert_bytes = sum(t.numel() * t.element_size() for t in first.values())
+        self.host = HostArena(min(host_experts, len(layers) * num_experts) * aligned_bytes(first.values()), pin)
         for index, key in enumerate((layer, e) for layer in layers for e in range(num_experts)):
             tensors = read_expert(*key)
             if index < host_experts:
-                tensors = {name: _to_host(t, pin) for name, t in tensors.items()}
+                tensors = {name: self.host.copy_of(t) for name, t in tensors.items()}
             else:
                 self._on_disk.add(key)
             self._experts[key] = tensors
             if key[1] == num_experts - 1:
                 on_layer(index // num_experts + 1)
-        first = self._experts[(layers[0], 0)]
-        self.expert_bytes = sum(t.numel() * t.element_size() for t in first.values())
 
     def expert(self, layer: int, expert: int) -> ExpertTensors:
         return self._experts[(layer, expert)]
 
     def is_on_disk(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._on_disk
-
-
-def _to_host(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
-    copy = torch.empty_like(tensor, pin_memory=pin)
-    copy.copy_(tensor)
-    return copy
 
 
 @dataclass

@@ -31,6 +31,14 @@ def test_gpu_greedy_tokens_match_the_cpu_engine(tiny_gpt_oss):
     assert stats["expert_cache"]["hits"] > 0  # counted on the device, read once at the end
 
 
+def test_host_experts_are_page_locked_in_one_allocation(tiny_gpt_oss):
+    placement = load(tiny_gpt_oss, "cuda").placement
+    budget = placement.resident_bytes + placement.kv_cache_bytes + placement.workspace_bytes
+    store = load(tiny_gpt_oss, "cuda", gpu_budget=budget + 5 * placement.expert_bytes).model.experts.store
+    assert store.host.buffer.is_pinned()
+    assert all(t.is_pinned() for t in store.expert(store.layers[-1], 0).values())
+
+
 def test_offloaded_gpu_experts_with_prefetch_match_the_resident_graph(tiny_gpt_oss):
     resident_tokens, _ = greedy(load(tiny_gpt_oss, "cuda"), 24)
     resident = load(tiny_gpt_oss, "cuda")

@@ -22,6 +22,14 @@ def test_store_keeps_the_first_experts_in_ram_and_the_rest_on_disk():
     assert torch.equal(store.expert(1, 2)["w"], torch.full((3,), 12.0))
 
 
+def test_host_copies_share_one_allocation_of_the_planned_size():
+    store = ExpertStore(numbered_expert, LAYERS, EXPERTS, host_experts=5, pin=False)
+    assert len(store.host.buffer) == 5 * (512 + 512)  # two tensors per expert, each on a 512-byte boundary
+    host_copy = store.expert(1, 0)["w"]
+    assert host_copy.untyped_storage().data_ptr() == store.host.buffer.untyped_storage().data_ptr()
+    assert torch.equal(host_copy, torch.full((3,), 10.0)) and store.expert(1, 0)["b"].tolist() == [1, 0]
+
+
 def test_lru_evicts_the_least_recently_used_and_counts_bytes():
     cache = make_cache(slots=2)
     first = cache.ensure(0, [1, 2])
