@@ -2,13 +2,15 @@
 
 Pairs (token, pick) are grouped into tiles that share a cache slot (expert_tiles.py), so each tile
 reads its expert's weights once, straight from the cache arena, in the checkpoint's layout (rows are
-output features: gate/up [S, W, H], down [S, H, W]). Weights are bf16 or FP8 e4m3, converted to the
-activations' dtype in registers; an FP8 scale multiplies products, never single weights: a per-channel
-scale [S, out, 1] once in the epilogue, a block scale [S, ceil(out/b0), ceil(in/b1)] once per step
-(steps never straddle a block column). Weights are the M side of each product (out^T = W @ x^T), so the
-token side of a tile can be as small as 16 at decode.
+output features: gate/up [S, W, H], down [S, H, W]). Weights are bf16 or FP8 e4m3, converted in
+registers to the activations' dtype (FP8 with bf16 activations: to float16 by default, one instruction
+per two weights instead of three per weight; e4m3 values are exact there); an FP8 scale multiplies
+products, never single weights: a per-channel scale [S, out, 1] once in the epilogue, a block scale
+[S, ceil(out/b0), ceil(in/b1)] once per step (steps never straddle a block column). Weights are the M
+side of each product (out^T = W @ x^T), so the token side of a tile can be as small as 16 at decode.
 
-- gate_up: SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
+- gate_up: a tile's rows are gate rows and the same features' up rows, read in one loop and one
+  product; SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
 - down: routing weight in the epilogue -> one float32 row per pick [P, H].
 - `sum_picks` adds each token's picks in pick order (deterministic, no atomics).
 """
@@ -178,7 +180,7 @@ def _expert_matmul(
         w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
-        elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 two more per weight; f16 x saturates
+        elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
             w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         if SCALES == 2:
