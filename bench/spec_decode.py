@@ -13,7 +13,8 @@ target's greedy continuation (known from the spec-off run) with probability a. G
 emit exactly the spec-off tokens; every run records whether it did. The target's LM head is a permutation
 of its embedding (see `write_tiny_gpt_oss`): with a fully random head, bf16 rounding differences between
 a one-token step and a verify block flip near-tied argmaxes, the continuation leaves the one the drafter
-agrees with, and the forced acceptance is lost to numerics. The expert slots are the same with
+agrees with, and the forced acceptance is lost to numerics. Its experts are zeros in a sparse file (copy and
+kernel times do not depend on the values; writing 12 GB of random bytes would cost a minute of GPU time). The expert slots are the same with
 and without speculation; the drafter's device bytes are reported beside them.
 """
 
@@ -60,7 +61,8 @@ def write_checkpoints(folder: Path, model: str) -> tuple[Path, Path]:
         if model == "tiny":
             write_tiny_gpt_oss(target)
         else:
-            write_tiny_gpt_oss(target, scale_exponents=(116, 119), permuted_head=True, **REAL_SIZES[model], **SHAPES)
+            write_tiny_gpt_oss(target, scale_exponents=(116, 119), permuted_head=True, hollow_experts=True,
+                               **REAL_SIZES[model], **SHAPES)
     if not (drafter / "config.json").exists():
         shapes = {} if model == "tiny" else DRAFTER_SHAPES
         write_tiny_dflash(drafter, json.loads((target / "config.json").read_text()), **DRAFTERS[model], **shapes)
