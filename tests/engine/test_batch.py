@@ -1,10 +1,7 @@
-"""Continuous batching against its oracle: each request decoded alone by `moechat generate`."""
-
-import json
+"""Continuous batching against its oracle: each request decoded alone, as `moechat generate` does."""
 
 import pytest
 
-from app.cli import main
 from app.engine.batch import Batch
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import SamplingParams
@@ -24,12 +21,6 @@ def budget_for_slots(model, slots: int, context: int = CONTEXT) -> int:
     return fixed.resident_bytes + fixed.kv_cache_bytes + fixed.workspace_bytes + slots * facts.expert_bytes
 
 
-def generated_alone(model, capsys, prompt: list[int], max_new: int) -> dict:
-    code = main(["generate", str(model), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens",
-                 str(max_new), "--json"])
-    out = capsys.readouterr().out
-    assert code == 0
-    return json.loads(out)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +31,7 @@ def offloaded_session(tiny_gpt_oss):
     return session
 
 
-def test_concurrent_greedy_requests_give_the_tokens_of_sequential_runs(tiny_gpt_oss, offloaded_session, capsys,
-                                                                      monkeypatch):
+def test_concurrent_greedy_requests_give_the_tokens_of_sequential_runs(tiny_gpt_oss, offloaded_session, monkeypatch):
     batch = Batch(offloaded_session, max_sequences=4)
     experts = offloaded_session.loaded.model.experts
     sweeps, run = [], experts.run
@@ -62,8 +52,9 @@ def test_concurrent_greedy_requests_give_the_tokens_of_sequential_runs(tiny_gpt_
     while batch.sequences:
         events += batch.step()
 
+    resident = Session.load(tiny_gpt_oss, context=CONTEXT, dtype="float32")  # as `moechat generate` runs it
     for request_id, prompt in PROMPTS.items():
-        alone = generated_alone(tiny_gpt_oss, capsys, prompt, MAX_NEW[request_id])
+        alone = collect(resident.generate(prompt, SamplingParams(), MAX_NEW[request_id]))
         tokens = [t for e in events if isinstance(e, Tokens) and e.request_id == request_id for t in e.token_ids]
         done = next(e for e in events if isinstance(e, Done) and e.request_id == request_id)
         assert tokens == alone["token_ids"], request_id

@@ -65,10 +65,6 @@ def test_completions_streamed_and_not_match_moechat_generate(served_tiny_gpt_oss
     assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
     assert [t for c in streamed for t in c.moechat["token_ids"]] == expected["token_ids"]
 
-    text = api.completions.create(model=served_tiny_gpt_oss.model, prompt="def main", max_tokens=6, temperature=0)
-    assert text.moechat["token_ids"] == generated(capsys, tiny_gpt_oss, "--prompt", "def main",
-                                                  "--max-new-tokens", 6)["token_ids"]
-
 
 def test_stop_strings_end_the_answer_before_them(served_tiny_gpt_oss):
     api = client(served_tiny_gpt_oss)
@@ -86,8 +82,8 @@ def test_stop_strings_end_the_answer_before_them(served_tiny_gpt_oss):
 
 def test_seeded_sampling_reproduces_and_concurrent_requests_equal_sequential_ones(served_tiny_gpt_oss):
     api = client(served_tiny_gpt_oss)
-    requests = [dict(prompt=[5 + i, 6 + 3 * i, 7], max_tokens=6 + 2 * i, temperature=0) for i in range(4)]
-    requests.append(dict(prompt=[9, 8, 7, 6], max_tokens=9, temperature=0.9, top_p=0.8, seed=5))
+    requests = [dict(prompt=[5 + i, 6 + 3 * i, 7], max_tokens=4 + 2 * i, temperature=0) for i in range(3)]
+    requests.append(dict(prompt=[9, 8, 7, 6], max_tokens=7, temperature=0.9, top_p=0.8, seed=5))
 
     def complete(request: dict):
         return api.completions.create(model=served_tiny_gpt_oss.model, **request)

@@ -64,9 +64,9 @@ def test_32_concurrent_streaming_clients_all_finish_or_get_429_and_the_engine_su
     engine_pid = server.status()["engine_pid"]
     outcomes: list = [None] * 32
     start = threading.Barrier(32)
+    api = client(server)  # one connection pool, 32 connections
 
     def chat(index: int) -> None:
-        api = client(server)
         start.wait()
         try:
             chunks = list(api.chat.completions.create(
