@@ -136,15 +136,11 @@ class BudgetPanel(QWidget):
         self._set_enabled(True)
         self._bound_sliders()
         gpu_default = min(self.gpu_max, int(DEFAULT_GPU_SHARE * self.machine.device_bytes))
+        # further GPUs start off: on the H200 pair, two GPUs decoded slower than one (bench/NOTES.md)
         for slider in self.more_gpu_sliders:
             slider.setValue(0)
         self.gpu_slider.setValue(STEPS * gpu_default // max(self.gpu_max, 1))
         self.ram_slider.setValue(STEPS * ram_default // max(self.ram_max, 1))
-        # further GPUs join when the first cannot hold every expert
-        alone = self.placement is not None and self.placement.expert_slots == self.facts.total_experts
-        for slider, top, size in zip(self.more_gpu_sliders, self.more_gpu_max, self.machine.more_gpu_bytes,
-                                     strict=True):
-            slider.setValue(0 if alone else STEPS * min(top, int(DEFAULT_GPU_SHARE * size)) // max(top, 1))
         self._replan()
 
     def _add_gpu_sliders(self) -> None:

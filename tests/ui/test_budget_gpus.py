@@ -8,7 +8,7 @@ from PySide6.QtCore import Qt
 
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
-from app.plan_gpus import plan_gpus
+from app.plan_gpus import expert_workspace, plan_gpus
 from app.ui.budget import STEPS, BudgetPanel
 from app.ui.hardware import GIB, Machine, detect_machine
 from tests.fixtures.shape_only import write_shape_only_model
@@ -40,9 +40,11 @@ def test_a_second_gpu_gets_its_slider_and_the_plan_spreads_the_experts(panel, gp
     budget = panel(TWO_SMALL, gpt_oss_20b)
     facts = ModelFacts.from_folder(ModelFolder.open(gpt_oss_20b))
     assert len(budget.more_gpu_sliders) == 1 and budget.gpu_label.text().startswith("GPU 0 budget")
-    assert budget.more_gpu_labels[0].text().startswith("GPU 1 budget")
+    assert budget.more_gpu_labels[0].text() == "GPU 1 budget off"  # further GPUs start off
+    budget.more_gpu_sliders[0].setValue(STEPS * 9 // 10)
+    assert budget.more_gpu_labels[0].text().startswith("GPU 1 budget 7.")
     budgets = budget.gpu_budgets
-    assert budgets == (budget.gpu_budget, pytest.approx(0.9 * 8 * GIB, rel=0.002))  # the default share
+    assert budgets == (budget.gpu_budget, budget.more_gpu_max[0] * 9 // 10)
     assert budget.gpus == plan_gpus(facts, budgets, budget.ram_budget, 4096, 2)
     assert budget.placement.expert_slots == sum(gpu.expert_slots for gpu in budget.gpus)
     assert [label for label, _, _ in budget.bar.rows] == ["GPU 0", "GPU 1", "RAM / disk"]
@@ -57,6 +59,7 @@ def test_a_second_gpu_gets_its_slider_and_the_plan_spreads_the_experts(panel, gp
 
 def test_moving_the_second_gpus_slider_moves_its_share(panel, gpt_oss_20b, qtbot):
     budget = panel(TWO_SMALL, gpt_oss_20b)
+    budget.more_gpu_sliders[0].setValue(STEPS * 7 // 10)  # below where GPU 1 would hold all the rest
     seen = []
     for _ in range(4):
         qtbot.keyClick(budget.more_gpu_sliders[0], Qt.Key.Key_PageDown)
@@ -75,11 +78,13 @@ def test_the_load_request_carries_a_budget_per_gpu(panel, gpt_oss_20b, qtbot):
     assert requested.args[0].gpu_budget == budget.gpu_budgets == (budget.gpu_budget, budget.more_gpu_max[0] // 2)
 
 
-def test_a_second_gpu_stays_off_while_the_first_holds_every_expert(panel, gpt_oss_20b):
+def test_a_second_gpus_slider_ends_where_every_expert_fits_on_it(panel, gpt_oss_20b):
     budget = panel(TWO_LARGE, gpt_oss_20b)
-    assert budget.more_gpu_sliders[0].value() == 0 and budget.gpus == ()
-    assert budget.placement.expert_slots == budget.facts.total_experts
-    assert isinstance(budget.gpu_budgets, int)
+    assert budget.gpus == () and isinstance(budget.gpu_budgets, int)
+    facts = budget.facts
+    assert budget.more_gpu_max[0] == expert_workspace(facts, 4096, 2) + facts.total_experts * facts.expert_bytes
+    budget.more_gpu_sliders[0].setValue(STEPS)
+    assert [gpu.expert_slots for gpu in budget.gpus] == [facts.total_experts // 2] * 2  # spread evenly
 
 
 def test_every_gpu_nvidia_smi_lists_is_found():
