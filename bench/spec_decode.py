@@ -14,8 +14,9 @@ emit exactly the spec-off tokens; every run records whether it did. The target's
 of its embedding (see `write_tiny_gpt_oss`): with a fully random head, bf16 rounding differences between
 a one-token step and a verify block flip near-tied argmaxes, the continuation leaves the one the drafter
 agrees with, and the forced acceptance is lost to numerics. Its experts are zeros in a sparse file (copy and
-kernel times do not depend on the values; writing 12 GB of random bytes would cost a minute of GPU time). The expert slots are the same with
-and without speculation; the drafter's device bytes are reported beside them.
+kernel times do not depend on the values; writing 12 GB of random bytes would cost a minute of GPU time).
+The expert slots are the same with and without speculation; the drafter's device bytes are reported beside
+them. `--blocks ""` runs the cost-aware policy and spec off only.
 """
 
 import argparse
@@ -161,7 +162,8 @@ def verdicts(runs: list[dict]) -> list[dict]:
         for agreement in sorted({entry["acceptance"] for entry in run["spec"]}):
             entries = [e for e in run["spec"] if e["acceptance"] == agreement]
             policy = next(e for e in entries if e["block_size"] == "cost-aware")
-            best = max((e for e in entries if e["block_size"] != "cost-aware"), key=lambda e: e["decode_tok_s"])
+            best = max((e for e in entries if e["block_size"] != "cost-aware"), key=lambda e: e["decode_tok_s"],
+                       default={"block_size": None, "decode_tok_s": float("nan")})  # --blocks "": the policy only
             rows.append({
                 "budget_fraction": run["budget_fraction_of_routed_experts"],
                 "acceptance": agreement,
@@ -204,7 +206,7 @@ def main() -> None:
     model = "tiny" if args.tiny else args.model
     args.prompt = args.prompt or (32 if args.tiny else 512)
     args.new = args.new or (48 if args.tiny else 128)
-    args.blocks = args.blocks or [2, 4, DRAFTERS[model]["block_size"]]
+    args.blocks = [2, 4, DRAFTERS[model]["block_size"]] if args.blocks is None else args.blocks
     dtype = "bfloat16" if args.device == "cuda" else "float32"
 
     report = {"command": " ".join(sys.argv), "model": f"synthetic gpt-oss-{model}", "dtype": dtype,

@@ -71,8 +71,8 @@ class StepCostFit:
 
 
 class BlockSizer:
-    """`choose(room)` before a step, `record(...)` after it. The first steps verify as many positions
-    as allowed, then come plain steps, so both kinds of step are timed before the policy decides. The
+    """`choose(room)` before a step, `record(...)` after it. The first steps verify two positions, then
+    come plain steps, so both kinds of step are timed before the policy decides. The
     first step of each block size is not timed: it pays for compiling kernels and allocating buffers
     that later steps of that size reuse, and would make that size look slower than it is. In a
     streak of plain steps the decision is looked at again every `RECHECK_EVERY` steps only, so that
@@ -101,7 +101,7 @@ class BlockSizer:
         self.policy_said_plain = False
         self._uniform_fetches = self._expected_fetches(room)
         if not self.timed["verify"]:
-            return room
+            return min(2, room)  # the cheapest verify: at a small budget a long one fetches many experts
         if not self.timed["single"]:
             return 1
         if self.plain_streak >= self.probe_after:
