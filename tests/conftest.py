@@ -35,8 +35,8 @@ def tiny_dflash(tiny_gpt_oss, tmp_path_factory):
 def served_tiny_gpt_oss(tiny_gpt_oss):
     """`moechat serve` on the tiny GPT-OSS (float32 CPU, experts offloaded to 6 slots, 4 requests decoding
     together and 4 waiting at most), as a subprocess for the whole session."""
-    from tests.engine.test_batch import budget_for_slots
     from tests.fixtures.openai_server import moechat_serve
+    from tests.test_cli_spec import budget_for_slots
 
     context = 1024
     with moechat_serve(tiny_gpt_oss, "--context", str(context), "--max-batch", "4", "--max-queue", "4",

@@ -20,10 +20,10 @@ def drafter(tiny_gpt_oss, tmp_path_factory):
     return write_tiny_dflash(tmp_path_factory.mktemp("drafter"), json.loads((tiny_gpt_oss / "config.json").read_text()))
 
 
-def budget_for_slots(model, slots: int) -> int:
+def budget_for_slots(model, slots: int, context: int = CONTEXT) -> int:
     """A float32 budget that leaves exactly `slots` expert slots for the target."""
     facts = ModelFacts.from_folder(ModelFolder.open(model))
-    fixed = plan_placement(facts, None, None, CONTEXT, 4)
+    fixed = plan_placement(facts, None, None, context, 4)
     return fixed.resident_bytes + fixed.kv_cache_bytes + fixed.workspace_bytes + slots * facts.expert_bytes
 
 

@@ -6,27 +6,17 @@ from app.engine.batch import Batch
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import SamplingParams
 from app.engine.session import Session, collect
-from app.model_folder import ModelFolder
-from app.plan import ModelFacts, plan_placement
+from tests.test_cli_spec import budget_for_slots
 
 CONTEXT = 80  # room for the four sequences' caches together
 PROMPTS = {1: [5, 6, 7, 8, 9, 10], 2: [40, 41], 3: [100, 7, 250, 3, 9, 12, 13, 14, 15], 4: [300, 301, 302]}
 MAX_NEW = {1: 12, 2: 20, 3: 7, 4: 16}
 
 
-def budget_for_slots(model, slots: int, context: int = CONTEXT) -> int:
-    """A float32 budget that leaves exactly `slots` expert slots."""
-    facts = ModelFacts.from_folder(ModelFolder.open(model))
-    fixed = plan_placement(facts, None, None, context, 4)
-    return fixed.resident_bytes + fixed.kv_cache_bytes + fixed.workspace_bytes + slots * facts.expert_bytes
-
-
-
-
 @pytest.fixture(scope="module")
 def offloaded_session(tiny_gpt_oss):
     session = Session.load(tiny_gpt_oss, context=CONTEXT, dtype="float32",
-                           gpu_budget=budget_for_slots(tiny_gpt_oss, 3))
+                           gpu_budget=budget_for_slots(tiny_gpt_oss, 3, CONTEXT))
     assert session.loaded.model.experts.num_slots == 3
     return session
 
@@ -96,7 +86,7 @@ def test_a_seeded_sampled_request_does_not_depend_on_its_neighbours(offloaded_se
 @pytest.mark.parametrize("variant", ["glm4_moe", "glm4_moe_lite", "glm_moe_dsa"])
 def test_glm_sequences_decoded_together_give_the_tokens_of_each_alone(variant, tiny_glm):
     folder = tiny_glm(variant)
-    session = Session.load(folder, context=CONTEXT, dtype="float32", gpu_budget=budget_for_slots(folder, 4))
+    session = Session.load(folder, context=CONTEXT, dtype="float32", gpu_budget=budget_for_slots(folder, 4, CONTEXT))
     assert session.loaded.model.experts.num_slots == 4
     prompts = {1: [5, 6, 7, 8], 2: [40, 41], 3: [100, 7, 25, 3, 9, 12]}
     batch = Batch(session, max_sequences=3)
