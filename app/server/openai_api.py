@@ -5,8 +5,6 @@ the generated token ids and the engine's figures (expert cache, speculation, bat
 import asyncio
 import json
 import secrets
-import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -18,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.engine.protocol import Generate
 from app.errors import UserError
 from app.server.engine_link import Busy, EngineLink
-from app.server.generation import ANSWER, REASONING, EngineRefused, Generation, Update
+from app.server.formats import ChatFormat, CompletionFormat
+from app.server.generation import EngineRefused, Generation, Update
 
 DISCONNECT_POLL_S = 0.05  # a waiting client's connection is looked at this often (a stream's at once)
 
@@ -88,14 +87,14 @@ def create_app(link: EngineLink, model_name: str, context: int, api_key: str | N
         _check(body, model_name)
         generate = Generate(0, body.max_completion_tokens or body.max_tokens or context, messages=body.messages,
                             reasoning_effort=body.reasoning_effort, **_sampling(body))
-        return await _respond(link, generate, body, request, _ChatFormat(model_name))
+        return await _respond(link, generate, body, request, ChatFormat(model_name))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         _check(body, model_name)
         prompt = {"text": body.prompt} if isinstance(body.prompt, str) else {"token_ids": body.prompt}
         generate = Generate(0, body.max_tokens or context, **prompt, **_sampling(body))
-        return await _respond(link, generate, body, request, _CompletionFormat(model_name), merge_kinds=True)
+        return await _respond(link, generate, body, request, CompletionFormat(model_name), merge_kinds=True)
 
     return app
 
@@ -173,9 +172,7 @@ async def _unless_disconnected(request: Request, work: Awaitable):
 async def _collect(generation: Generation, first: Update, formatter) -> dict:
     text: dict[str, str] = {}
     token_ids: list[int] = []
-    update = first
-    async for later in _and_rest(first, generation):
-        update = later
+    async for update in _and_rest(first, generation):
         token_ids += update.token_ids
         for kind, piece in update.text.items():
             text[kind] = text.get(kind, "") + piece
@@ -219,55 +216,6 @@ class _GenerationStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.generation.close("client disconnected")
-
-
-class _ChatFormat:
-    opening = True  # a first chunk that only says who speaks
-
-    def __init__(self, model_name: str):
-        self.model, self.id, self.created = model_name, f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
-
-    def whole(self, text: dict, finish_reason: str, usage: dict, extra: dict) -> dict:
-        message = {"role": "assistant", "content": text.get(ANSWER, "")}
-        if text.get(REASONING):
-            message["reasoning_content"] = text[REASONING]
-        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
-                "usage": usage, "moechat": extra}
-
-    def chunk(self, text: dict, finish_reason: str | None, extra: dict, role: bool = False) -> dict:
-        delta = {"role": "assistant", "content": ""} if role else {}
-        if text.get(ANSWER):
-            delta["content"] = text[ANSWER]
-        if text.get(REASONING):
-            delta["reasoning_content"] = text[REASONING]
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}], "moechat": extra}
-
-    def usage_chunk(self, usage: dict) -> dict:
-        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage}
-
-
-class _CompletionFormat:
-    opening = False
-
-    def __init__(self, model_name: str):
-        self.model, self.id, self.created = model_name, f"cmpl-{uuid.uuid4().hex}", int(time.time())
-
-    def whole(self, text: dict, finish_reason: str, usage: dict, extra: dict) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text.get(ANSWER, ""), "finish_reason": finish_reason,
-                             "logprobs": None}], "usage": usage, "moechat": extra}
-
-    def chunk(self, text: dict, finish_reason: str | None, extra: dict) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [{"index": 0, "text": text.get(ANSWER, ""), "finish_reason": finish_reason,
-                             "logprobs": None}], "moechat": extra}
-
-    def usage_chunk(self, usage: dict) -> dict:
-        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "choices": [], "usage": usage}
 
 
 def _error_response(status: int, message: str, kind: str = "invalid_request_error",
