@@ -6,11 +6,35 @@ reads each expert's weights once per tile. `sum_picks` adds each token's per-pic
 order: no atomics, so the result does not depend on how programs are scheduled.
 """
 
+import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+
+MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
+# whether the expert kernels run in Triton's interpreter (triton.jit reads the variable when they are
+# defined), whose bf16 tl.dot is wrong: UPCAST
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One projection's tiles: `features` outputs by `depth` inputs per step."""
+
+    features: int
+    depth: int
+    warps: int = 4
+    stages: int = 3
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    pairs_per_tile: int  # BLOCK_M, shared by both projections (the plan depends on it); >= 16 for tl.dot
+    gate_up: Tiles
+    down: Tiles
+    fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
 
 
 @dataclass

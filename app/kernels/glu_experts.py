@@ -10,13 +10,13 @@ Weights are dequantized at compute time, so the cache keeps the checkpoint's byt
 the same signature; `glu_experts_op` picks one for a device.
 """
 
-import os
 from collections.abc import Callable
 
 import torch
 
 from app.engine.fp8 import dequantize
 from app.engine.layers import silu_glu
+from app.kernels.choice import kernel_or_reference
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -61,8 +61,4 @@ def glu_experts(
 
 
 def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
-    """The Triton kernels on CUDA; the torch reference elsewhere, unless TRITON_INTERPRET=1 asks
-    for the kernels in Triton's interpreter."""
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return glu_experts
-    return glu_experts_torch
+    return kernel_or_reference(device, glu_experts, glu_experts_torch)

@@ -16,38 +16,16 @@ side of each product (out^T = W @ x^T), so the token side of a tile can be as sm
 """
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_tiles import plan_tiles, sum_picks, tile_rows
+from app.kernels.expert_tiles import INTERPRETED, MAX_PAIRS, LaunchConfig, Tiles, plan_tiles, sum_picks, tile_rows
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
-MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
-# whether the kernels below run in Triton's interpreter, whose bf16 tl.dot is wrong: UPCAST
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 NO_SCALE, PER_CHANNEL, PER_BLOCK = 0, 1, 2  # the SCALES constexpr
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """One projection's tiles: `features` outputs by `depth` inputs per step (gate_up: half gate, half up)."""
-
-    features: int
-    depth: int
-    warps: int = 4
-    stages: int = 3
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    pairs_per_tile: int  # BLOCK_M, shared by both projections (the plan depends on it); >= 16 for tl.dot
-    gate_up: Tiles
-    down: Tiles
-    fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
 
 
 def pick_config(num_pairs: int) -> LaunchConfig:

@@ -8,12 +8,12 @@ features) or dequantized (`gate_up_proj` [S, H, 2W], `down_proj` [S, W, H]). Bia
 the reference with the same signature; `gpt_oss_experts_op` picks one for a device.
 """
 
-import os
 from collections.abc import Callable
 
 import torch
 
 from app.engine.mxfp4 import decode_mxfp4
+from app.kernels.choice import kernel_or_reference
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
@@ -67,8 +67,4 @@ def gpt_oss_experts(
 
 
 def gpt_oss_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
-    """The Triton kernels on CUDA; the torch reference elsewhere, unless TRITON_INTERPRET=1 asks
-    for the kernels in Triton's interpreter."""
-    if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return gpt_oss_experts
-    return gpt_oss_experts_torch
+    return kernel_or_reference(device, gpt_oss_experts, gpt_oss_experts_torch)

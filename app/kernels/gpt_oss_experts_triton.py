@@ -11,36 +11,12 @@ tile can be as small as 16 at decode.
 """
 
 import math
-import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_tiles import plan_tiles, sum_picks, tile_rows
-
-MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
-# whether the kernels below run in Triton's interpreter (triton.jit reads the variable when they are
-# defined), whose bf16 tl.dot is wrong: UPCAST
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """One projection's tiles: `features` outputs by `depth` inputs per step (MXFP4: 32 per product)."""
-
-    features: int
-    depth: int
-    warps: int = 4
-    stages: int = 3
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    pairs_per_tile: int  # BLOCK_M, shared by both projections (the plan depends on it); >= 16 for tl.dot
-    gate_up: Tiles
-    down: Tiles
+from app.kernels.expert_tiles import INTERPRETED, MAX_PAIRS, LaunchConfig, Tiles, plan_tiles, sum_picks, tile_rows
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
