@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.glu_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
-from bench.kernel_gpt_oss_experts import attempt, copy_bandwidth, kernel_times, machine
+from bench import kernel_gpt_oss_experts as gpt_oss_bench
+from bench.kernel_gpt_oss_experts import attempt, bytes_read, copy_bandwidth, expert_bytes, kernel_times, machine
 from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
@@ -62,21 +63,7 @@ def make_arenas(fmt: str) -> dict[str, torch.Tensor]:
 
 
 def make_routing(tokens: int, skip: float = 0.0):
-    """slots [T, k] distinct per token, a fraction `skip` of them -1 (never a token's first pick)."""
-    slots = torch.rand(tokens, NUM_SLOTS, device="cuda").topk(PICKS, dim=-1).indices
-    skipped = torch.rand(slots.shape, device="cuda") < skip
-    skipped[:, 0] = False
-    slots[skipped] = -1
-    weights = torch.softmax(torch.randn(tokens, PICKS, device="cuda"), dim=-1).bfloat16()
-    return slots, weights
-
-
-def expert_bytes(arenas: dict[str, torch.Tensor]) -> int:
-    return sum(t[0].numel() * t.element_size() for t in arenas.values())
-
-
-def bytes_read(arenas, slots) -> int:
-    return len(set(slots[slots >= 0].tolist())) * expert_bytes(arenas)
+    return gpt_oss_bench.make_routing(tokens, skip, NUM_SLOTS, PICKS)
 
 
 def check(arenas, fmt: str, tokens: int, config: LaunchConfig | None) -> dict:

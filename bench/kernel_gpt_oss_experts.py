@@ -66,13 +66,13 @@ def make_arenas(mxfp4: bool) -> dict[str, torch.Tensor]:
     return arenas
 
 
-def make_routing(tokens: int, skip: float = 0.0):
+def make_routing(tokens: int, skip: float = 0.0, num_slots: int = NUM_SLOTS, picks: int = PICKS):
     """slots [T, k] distinct per token, a fraction `skip` of them -1 (never a token's first pick)."""
-    slots = torch.rand(tokens, NUM_SLOTS, device="cuda").topk(PICKS, dim=-1).indices
+    slots = torch.rand(tokens, num_slots, device="cuda").topk(picks, dim=-1).indices
     skipped = torch.rand(slots.shape, device="cuda") < skip
     skipped[:, 0] = False
     slots[skipped] = -1
-    weights = torch.softmax(torch.randn(tokens, PICKS, device="cuda"), dim=-1).bfloat16()
+    weights = torch.softmax(torch.randn(tokens, picks, device="cuda"), dim=-1).bfloat16()
     return slots, weights
 
 
