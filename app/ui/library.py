@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 from app.errors import UserError
 from app.hub import KNOWN_DRAFTERS
 from app.model_folder import ModelFolder
+from app.paths import DEMO_MODEL
 from app.sizes import format_size
 from app.ui.app_settings import AppSettings
 
@@ -68,6 +69,10 @@ class LibraryPanel(QWidget):
         layout.addLayout(buttons)
         for path in settings.library:
             self._add_item(path)
+        if not settings.library and DEMO_MODEL.is_dir():
+            # Nothing installed yet: offer the bundled demo model, selected once the window is wired up.
+            self._add_item(str(DEMO_MODEL))
+            QTimer.singleShot(0, lambda: self.selected_path() or self.select(str(DEMO_MODEL)))
 
     def selected_path(self) -> str | None:
         item = self.list.currentItem()

@@ -1,6 +1,7 @@
 """tools/train_demo.py end to end at smoke scale: the target it exports loads in our engine and in
-transformers with the same logits, and the drafter it exports drafts in our engine exactly what it was
-trained to draft (its batched training forward)."""
+transformers with the same logits, the drafter it exports drafts in our engine exactly what it was
+trained to draft (its batched training forward), and the greedy acceptance replay that the model card's
+τ comes from counts the steps our engine's speculative loop takes."""
 
 import json
 
@@ -11,10 +12,15 @@ from transformers import GptOssForCausalLM
 
 from app.engine.loader import load_model
 from app.engine.models.dflash import open_dflash
+from app.engine.protocol import Tokens
+from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
+from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
 from tests.engine.greedy import prompt_and_decode_logits
+from tools.demo.acceptance import greedy_tau
 from tools.demo.drafter import DFlashTrainee
+from tools.demo.target import load_target
 from tools.train_demo import DRAFTER_NAME, TARGET_NAME, TRAINING_FILE, main
 
 
@@ -23,6 +29,14 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     main(["--smoke", "--out", str(out), "--target-steps", "3", "--drafter-steps", "3"])
     return out
+
+
+def trainee_of(trained) -> DFlashTrainee:
+    """The exported drafter back in its training module."""
+    trainee = DFlashTrainee(json.loads((trained / DRAFTER_NAME / "config.json").read_text()))
+    stored = load_file(str(trained / DRAFTER_NAME / "model.safetensors"))
+    trainee.load_state_dict({name: tensor.float() for name, tensor in stored.items()})
+    return trainee
 
 
 def heldout_prompt(trained) -> list[int]:
@@ -64,12 +78,28 @@ def test_our_engine_drafts_what_the_drafter_was_trained_to_draft(trained):
         ours = drafter.draft(block, context)
 
     _, config = open_dflash(trained / DRAFTER_NAME)
-    trainee = DFlashTrainee(json.loads((trained / DRAFTER_NAME / "config.json").read_text()))
-    stored = load_file(str(trained / DRAFTER_NAME / "model.safetensors"))
-    trainee.load_state_dict({name: tensor.float() for name, tensor in stored.items()})
     with torch.no_grad():
-        hidden = trainee(target.embed[block][None, None], features[None], torch.tensor([[anchor]]))
+        hidden = trainee_of(trained)(target.embed[block][None, None], features[None], torch.tensor([[anchor]]))
         expected = (hidden[0, 0, 1:] @ target.lm_head.T).float()
     assert ours.shape == (size - 1, config.vocab_size)
     assert (ours - expected).abs().max() <= 1e-4
     assert expected.std() > 0.1
+
+
+def test_the_greedy_acceptance_replay_counts_the_steps_our_engine_takes(trained):
+    ids = heldout_prompt(trained)
+    new = 12
+    target = load_model(ModelFolder.open(trained / TARGET_NAME), dtype="float32", context=len(ids) + new).model
+    speculation = DFlashSpeculation(trained / DRAFTER_NAME, 4)
+    speculation.load(target)
+    sampler = Sampler(SamplingParams(), target.device)
+    events = list(speculative_generate(target, target.new_kv_cache(len(ids) + new), ids, sampler, new, [],
+                                       speculation.new_drafter(len(ids) + new), 4))
+    tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
+    engine = events[-1].stats["spec"]
+
+    reference = load_target(trained / TARGET_NAME, torch.device("cpu"))
+    config = json.loads((trained / DRAFTER_NAME / "config.json").read_text())
+    emitted, steps = greedy_tau(reference, trainee_of(trained), config, ids, tokens, 4)
+    assert steps == engine["steps"]
+    assert emitted == sum(engine["accepted_per_step"]) + engine["steps"] == new - 1

@@ -1,0 +1,79 @@
+"""Measure the shipped demo model on this machine (CPU, float32) and write its model card.
+
+    python tools/evaluate_demo.py [--prompts 32] [--new 128]
+
+Writes resources/models/evaluation.json and resources/models/README.md (the card, which also quotes
+training.json and the benchmark results bench/results/demo-model-*.json). Measured here:
+- held-out perplexity: exp of the mean negative log-likelihood of every held-out answer (its tokens
+  after the prompt, through <|return|>), by transformers from the shipped MXFP4 checkpoint;
+- greedy acceptance τ at blocks 4 / 8 / 16 on the first --prompts held-out prompts, each answer up to
+  --new tokens (tools/demo/acceptance.py: the engine's greedy loop replayed; tests check it against the
+  engine); sampled τ (temperature 0.7) comes from the engine's benchmark runs;
+- routing statistics over the held-out chats (tools/demo/routing.py).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.tokenizer import ChatTokenizer
+from app.paths import BUNDLED_MODELS, DEMO_DRAFTER, DEMO_MODEL
+from tools.demo.acceptance import greedy_tau
+from tools.demo.card import write_card
+from tools.demo.chat_data import STOP_IDS, encode_chat, heldout_perplexity
+from tools.demo.corpus import Chat
+from tools.demo.drafter import DFlashTrainee
+from tools.demo.routing import router_picks, routing_statistics
+from tools.demo.target import load_target
+
+BLOCK_SIZES = (4, 8, 16)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--new", type=int, default=128)
+    args = parser.parse_args()
+    torch.set_grad_enabled(False)
+    heldout = json.loads((DEMO_MODEL / "heldout.json").read_text())
+    tokenizer = ChatTokenizer.load(DEMO_MODEL)
+    chats = [encode_chat(tokenizer, Chat(c["messages"], c["reasoning_effort"], c["answer"])) for c in heldout]
+    target = load_target(DEMO_MODEL, torch.device("cpu"))
+    perplexity = heldout_perplexity(target, chats, torch.device("cpu"))
+    print(f"held-out perplexity {perplexity:.3f} over {len(chats)} answers", flush=True)
+
+    config = json.loads((DEMO_DRAFTER / "config.json").read_text())
+    trainee = DFlashTrainee(config)
+    trainee.load_state_dict({k: v.float() for k, v in load_file(str(DEMO_DRAFTER / "model.safetensors")).items()})
+    emitted, steps = dict.fromkeys(BLOCK_SIZES, 0), dict.fromkeys(BLOCK_SIZES, 0)
+    for prompt, _ in chats[: args.prompts]:
+        out = target.generate(input_ids=torch.tensor([prompt]), max_new_tokens=args.new, do_sample=False,
+                              pad_token_id=STOP_IDS[1], eos_token_id=STOP_IDS)
+        continuation = out[0, len(prompt):].tolist()
+        for size in BLOCK_SIZES:
+            tokens, count = greedy_tau(target, trainee, config, prompt, continuation, size)
+            emitted[size], steps[size] = emitted[size] + tokens, steps[size] + count
+    tau = {size: round(emitted[size] / steps[size], 3) for size in BLOCK_SIZES}
+    print(f"greedy τ {tau}", flush=True)
+
+    routing = routing_statistics(router_picks(target, [p + a for p, a in chats]), target.config.num_local_experts,
+                                 slot_counts=(4, 8, 12))
+    evaluation = {
+        "machine": "this machine's CPU, float32",
+        "heldout_perplexity": round(perplexity, 3), "heldout_answers": len(chats),
+        "heldout_answer_tokens": sum(len(a) for _, a in chats),
+        "greedy_tau": {"prompts": min(args.prompts, len(chats)), "max_new_tokens": args.new, "tau": tau},
+        "routing": routing,
+    }
+    (BUNDLED_MODELS / "evaluation.json").write_text(json.dumps(evaluation, indent=2))
+    write_card(BUNDLED_MODELS)
+
+
+if __name__ == "__main__":
+    main()
