@@ -51,7 +51,7 @@ def test_a_chat_through_a_remote_server_answers_as_the_server_does(window, qtbot
     question, answer = window.store.branch(window.chat.chat_id)
     direct = openai.OpenAI(base_url=server.base_url, api_key=server.api_key).chat.completions.create(
         model=server.model, messages=[{"role": "user", "content": "Hello there"}], max_tokens=10, temperature=0)
-    assert answer.content == direct.choices[0].message.content
+    assert question.content == "Hello there" and answer.content == direct.choices[0].message.content
     assert answer.reasoning == (direct.choices[0].message.model_extra.get("reasoning_content") or "")
     assert answer.complete and answer.stats["tokens"] == direct.usage.completion_tokens
     assert answer.stats["tok_s"] > 0  # moechat says its decode speed
