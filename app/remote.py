@@ -1,12 +1,11 @@
 """A remote OpenAI-compatible server (`moechat serve`, vLLM, SGLang …) as the desktop app's backend: the
-HTTP client that turns its streamed chat answers into the engine protocol's events. No Qt, no torch."""
+HTTP client that turns its streamed chat answers into the engine protocol's events. No Qt, no torch;
+httpx is imported when first used, so that the window opens without it."""
 
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import httpx
 
 from app.engine.protocol import Done, Error, Generate, Tokens
 from app.errors import UserError
@@ -31,6 +30,8 @@ class RemoteModel:
 
 def check_remote(remote: RemoteModel) -> None:
     """The server answers, accepts the key and serves the model; else a UserError saying which not."""
+    import httpx
+
     if not remote.base_url.startswith(("http://", "https://")):
         raise UserError(f"'{remote.base_url}' is not a server address: give one like http://127.0.0.1:8000/v1")
     try:
@@ -44,7 +45,7 @@ def check_remote(remote: RemoteModel) -> None:
         raise UserError(f"{remote.base_url} does not serve '{remote.model}'; it serves: {', '.join(served) or 'none'}")
 
 
-def error_message(response: httpx.Response) -> str:
+def error_message(response) -> str:  # an httpx.Response
     """The server's words for a failed request (OpenAI's {"error": {"message": ...}}), else its body."""
     try:
         return response.json()["error"]["message"]
@@ -60,6 +61,8 @@ def stream_chat(remote: RemoteModel, request: Generate, emit: Callable[[object],
 
     Done's stats say `remote: True`; `completion_tokens` is the server's usage figure, None when it gives
     none; a moechat server's own figures (expert cache, speculation) are added as it reports them."""
+    import httpx
+
     body = {"model": remote.model, "messages": request.messages, "max_tokens": request.max_new_tokens,
             "temperature": request.temperature, "top_p": request.top_p, "stream": True,
             "stream_options": {"include_usage": True}}
