@@ -9,7 +9,7 @@ training.json and the benchmark results bench/results/demo-model-*.json). Measur
 - greedy acceptance τ at blocks 4 / 8 / 16 on the first --prompts held-out prompts, each answer up to
   --new tokens (tools/demo/acceptance.py: the engine's greedy loop replayed; tests check it against the
   engine); sampled τ (temperature 0.7) comes from the engine's benchmark runs;
-- routing statistics over the held-out chats (tools/demo/routing.py).
+- routing statistics over the first --routing-chats held-out chats (tools/demo/routing.py).
 """
 
 import argparse
@@ -39,14 +39,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--routing-chats", type=int, default=128, help="held-out chats the routing is read from")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     heldout = json.loads((DEMO_MODEL / "heldout.json").read_text())
     tokenizer = ChatTokenizer.load(DEMO_MODEL)
     chats = [encode_chat(tokenizer, Chat(c["messages"], c["reasoning_effort"], c["answer"])) for c in heldout]
     target = load_target(DEMO_MODEL, torch.device("cpu"))
-    perplexity = heldout_perplexity(target, chats, torch.device("cpu"))
-    print(f"held-out perplexity {perplexity:.3f} over {len(chats)} answers", flush=True)
 
     config = json.loads((DEMO_DRAFTER / "config.json").read_text())
     trainee = DFlashTrainee(config)
@@ -61,9 +60,11 @@ def main() -> None:
             emitted[size], steps[size] = emitted[size] + tokens, steps[size] + count
     tau = {size: round(emitted[size] / steps[size], 3) for size in BLOCK_SIZES}
     print(f"greedy τ {tau}", flush=True)
+    perplexity = heldout_perplexity(target, chats, torch.device("cpu"))
+    print(f"held-out perplexity {perplexity:.3f} over {len(chats)} answers", flush=True)
 
-    routing = routing_statistics(router_picks(target, [p + a for p, a in chats]), target.config.num_local_experts,
-                                 slot_counts=(4, 8, 12))
+    routing = routing_statistics(router_picks(target, [p + a for p, a in chats[: args.routing_chats]]),
+                                 target.config.num_local_experts, slot_counts=(4, 8, 12))
     evaluation = {
         "machine": "this machine's CPU, float32",
         "heldout_perplexity": round(perplexity, 3), "heldout_answers": len(chats),
