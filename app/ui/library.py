@@ -90,6 +90,7 @@ class LibraryPanel(QWidget):
         if path not in self.settings.library:
             self.settings.add_model(path)
             self._add_item(path)
+            self._withdraw_demo()
         self.select(path)
         return True
 
@@ -97,6 +98,14 @@ class LibraryPanel(QWidget):
         for row in range(self.list.count()):
             if self.list.item(row).data(Qt.ItemDataRole.UserRole) == path:
                 self.list.setCurrentRow(row)
+
+    def _withdraw_demo(self) -> None:
+        """The demo is offered only while nothing is installed."""
+        for row in range(self.list.count()):
+            path = self.list.item(row).data(Qt.ItemDataRole.UserRole)
+            if path == str(DEMO_MODEL) and path not in self.settings.library:
+                self.list.takeItem(row)
+                return
 
     def _add_item(self, path: str) -> None:
         try:

@@ -21,7 +21,7 @@ def test_an_installed_model_keeps_the_demo_out_of_the_library(qtbot, tmp_path, t
     qtbot.addWidget(first)
     assert first.library.add_folder(str(tiny_gpt_oss))
     qtbot.wait(10)  # the demo's deferred selection must not take over the folder just added
-    assert first.library.selected_path() == str(tiny_gpt_oss.resolve())
+    assert first.library.selected_path() == str(tiny_gpt_oss.resolve()) and first.library.list.count() == 1
     first.close()
     again = MainWindow(tmp_path, machine=Machine(16 * GIB))
     qtbot.addWidget(again)

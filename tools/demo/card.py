@@ -62,7 +62,7 @@ def write_card(folder: Path) -> Path:
         f"temperature 0.7); {drafter['steps']} steps of {drafter['settings']['batch']} sequences × "
         f"{drafter['settings']['anchors']} anchor blocks, block sizes cycling 16 / 8 / 4, loss weight "
         f"exp(-(k-1)/γ) by block position; final weighted loss {drafter['final_weighted_loss']:.3f}; "
-        f"{drafter['seconds']} s. {drafter.get('note', '').capitalize()}",
+        f"{drafter['seconds']} s. {drafter.get('note', '')}",
         "",
         "## Measured",
         f"- Held-out perplexity of the answers: **{evaluation['heldout_perplexity']}** over "
