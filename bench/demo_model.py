@@ -95,7 +95,7 @@ def _machine(device: str) -> dict:
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "processor": platform.processor() or platform.machine()}
+            "processor": platform.processor() or platform.machine(), "load_average": os.getloadavg()}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info

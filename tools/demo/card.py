@@ -79,6 +79,8 @@ def write_card(folder: Path) -> Path:
         "|---|---|---|---|---|---|---|---|",
         *_bench_rows(),
         "",
+        "The CPU rows ran while other processes kept the 2 cores' load average near 8: their tok/s are not "
+        "this CPU's speed (τ is unaffected).",
         "At this size a decode step costs little more than the Python and launch overhead around it, so a draft "
         "pass plus a block verify at τ below 2 does not beat plain decoding; the speculation figures are here "
         "for acceptance, not speed.",
