@@ -3,37 +3,18 @@ the bar per GPU, and the load request carrying a budget per GPU."""
 
 import subprocess
 
-import pytest
 from PySide6.QtCore import Qt
 
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
 from app.plan_gpus import expert_workspace, plan_gpus
-from app.ui.budget import STEPS, BudgetPanel
+from app.ui.budget import STEPS
 from app.ui.hardware import GIB, Machine, detect_machine
-from tests.fixtures.shape_only import write_shape_only_model
 
 TWO_SMALL = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4060 Ti", gpu_bytes=8 * GIB, pcie_gen=4,
                     more_gpu_bytes=(8 * GIB,))
 TWO_LARGE = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4,
                     more_gpu_bytes=(24 * GIB,))
-
-
-@pytest.fixture(scope="module")
-def gpt_oss_20b(tmp_path_factory):
-    return str(write_shape_only_model(tmp_path_factory.mktemp("gpt-oss-20b")))
-
-
-@pytest.fixture
-def panel(qtbot):
-    def make(machine: Machine, path: str) -> BudgetPanel:
-        panel = BudgetPanel(lambda: machine)
-        qtbot.addWidget(panel)
-        panel.show()
-        panel.show_model(path)
-        return panel
-
-    return make
 
 
 def test_a_second_gpu_gets_its_slider_and_the_plan_spreads_the_experts(panel, gpt_oss_20b):

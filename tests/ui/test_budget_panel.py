@@ -7,30 +7,12 @@ from PySide6.QtCore import Qt
 from app.engine.protocol import LoadModel
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, plan_placement
-from app.ui.budget import STEPS, BudgetPanel
+from app.ui.budget import STEPS
 from app.ui.hardware import GIB, Machine
-from tests.fixtures.shape_only import write_shape_only_model
 
 RTX_4090 = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4)
 SMALL_GPU = Machine(ram_bytes=8 * GIB, gpu_name="NVIDIA GeForce RTX 4060", gpu_bytes=8 * GIB, pcie_gen=4)
 NO_GPU = Machine(ram_bytes=16 * GIB)
-
-
-@pytest.fixture(scope="module")
-def gpt_oss_20b(tmp_path_factory):
-    return str(write_shape_only_model(tmp_path_factory.mktemp("gpt-oss-20b")))
-
-
-@pytest.fixture
-def panel(qtbot):
-    def make(machine: Machine, path: str) -> BudgetPanel:
-        panel = BudgetPanel(lambda: machine)
-        qtbot.addWidget(panel)
-        panel.show()
-        panel.show_model(path)
-        return panel
-
-    return make
 
 
 def test_the_sliders_end_at_the_machine_or_where_everything_fits(panel, gpt_oss_20b):
