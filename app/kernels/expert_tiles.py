@@ -125,6 +125,18 @@ def tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def store_activations(activations_ptr, activation, positions, used, width, COLUMNS: tl.constexpr):
+    """A gate_up tile's activation [COLUMNS, BLOCK_M] into rows `positions` of activations [P, W], at this
+    program's COLUMNS feature columns."""
+    columns = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+    tl.store(
+        activations_ptr + positions[None, :] * width + columns[:, None],
+        activation.to(activations_ptr.dtype.element_ty),
+        mask=used[None, :] & (columns[:, None] < width),
+    )
+
+
+@triton.jit
 def _sum_picks_kernel(
     per_pick_ptr, slots_ptr, out_ptr, tokens, hidden_size,
     PICKS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,

@@ -22,7 +22,16 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_tiles import INTERPRETED, MAX_PAIRS, LaunchConfig, Tiles, plan_tiles, sum_picks, tile_rows
+from app.kernels.expert_tiles import (
+    INTERPRETED,
+    MAX_PAIRS,
+    LaunchConfig,
+    Tiles,
+    plan_tiles,
+    store_activations,
+    sum_picks,
+    tile_rows,
+)
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 NO_SCALE, PER_CHANNEL, PER_BLOCK = 0, 1, 2  # the SCALES constexpr
@@ -204,12 +213,7 @@ def _gate_up_kernel(
     # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_M)), (1, 2, 0)))
     activation = gate * tl.sigmoid(gate) * up
-    columns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    tl.store(
-        activations_ptr + positions[None, :] * width + columns[:, None],
-        activation.to(activations_ptr.dtype.element_ty),
-        mask=used[None, :] & (columns[:, None] < width),
-    )
+    store_activations(activations_ptr, activation, positions, used, width, BLOCK_N // 2)
 
 
 @triton.jit

@@ -16,7 +16,16 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_tiles import INTERPRETED, MAX_PAIRS, LaunchConfig, Tiles, plan_tiles, sum_picks, tile_rows
+from app.kernels.expert_tiles import (
+    INTERPRETED,
+    MAX_PAIRS,
+    LaunchConfig,
+    Tiles,
+    plan_tiles,
+    store_activations,
+    sum_picks,
+    tile_rows,
+)
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
@@ -160,12 +169,7 @@ def _gate_up_kernel(
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     activation = (up + 1) * gate * tl.sigmoid(alpha * gate)
-    columns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    tl.store(
-        activations_ptr + positions[None, :] * width + columns[:, None],
-        activation.to(activations_ptr.dtype.element_ty),
-        mask=used[None, :] & (columns[:, None] < width),
-    )
+    store_activations(activations_ptr, activation, positions, used, width, BLOCK_N // 2)
 
 
 @triton.jit
