@@ -14,10 +14,8 @@ sizes and the product dtype (FP8 weights in float16 or bf16) in the Air format; 
 projection run once more as the `tuned` case, in every format.
 """
 
-import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.glu_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
 from bench import kernel_gpt_oss_experts as gpt_oss_bench
-from bench.kernel_gpt_oss_experts import attempt, bytes_read, copy_bandwidth, expert_bytes, kernel_times, machine
+from bench.kernel_gpt_oss_experts import attempt, bytes_read, expert_bytes, kernel_times, start_report
 from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
@@ -133,24 +131,8 @@ def fastest_config(sweep: list[dict]) -> LaunchConfig:
 
 
 def main(out_path: str) -> None:
-    started = time.time()
-    torch.manual_seed(0)
-    copy = copy_bandwidth()
-    report = {
-        "machine": machine(),
-        "command": "python3 " + " ".join(sys.argv),
-        "shapes": {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS, "routing": "uniform random"},
-        "copy_bandwidth": copy,
-        "floor": "bytes of the routed experts / copy bandwidth (read + write counted)",
-        "cases": [],
-        "sweeps": {},
-    }
-    print(f"device-to-device copy: {copy / 1e12:.2f} TB/s", flush=True)
-
-    def save():  # after every step: a run stopped at its time limit still leaves its results
-        report["seconds"] = time.time() - started
-        Path(out_path).write_text(json.dumps(report, indent=1))
-
+    report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
+    copy = report["copy_bandwidth"]
     tuned = None
     for fmt in FORMATS:
         arenas = make_arenas(fmt)

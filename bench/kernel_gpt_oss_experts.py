@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -196,14 +197,16 @@ def sweep_pairs_per_tile(arenas, mxfp4: bool) -> list[dict]:
     return rows
 
 
-def main(out_path: str) -> None:
+def start_report(out_path: str, shapes: dict) -> tuple[dict, Callable[[], None]]:
+    """The report of a kernel benchmark (machine, command, copy bandwidth measured now) and `save`, to call
+    after every step: a run stopped at its time limit still leaves its results."""
     started = time.time()
     torch.manual_seed(0)
     copy = copy_bandwidth()
     report = {
         "machine": machine(),
         "command": "python3 " + " ".join(sys.argv),
-        "shapes": {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS, "routing": "uniform random"},
+        "shapes": {**shapes, "routing": "uniform random"},
         "copy_bandwidth": copy,
         "floor": "bytes of the routed experts / copy bandwidth (read + write counted)",
         "cases": [],
@@ -211,10 +214,16 @@ def main(out_path: str) -> None:
     }
     print(f"device-to-device copy: {copy / 1e12:.2f} TB/s", flush=True)
 
-    def save():  # after every step: a run stopped at its time limit still leaves its results
+    def save():
         report["seconds"] = time.time() - started
         Path(out_path).write_text(json.dumps(report, indent=1))
 
+    return report, save
+
+
+def main(out_path: str) -> None:
+    report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
+    copy = report["copy_bandwidth"]
     for mxfp4 in (True, False):
         fmt = "mxfp4" if mxfp4 else "bf16"
         arenas = make_arenas(mxfp4)
