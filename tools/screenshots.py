@@ -3,7 +3,7 @@
     xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python tools/screenshots.py docs/screenshots
 
 The chat view shows a short sample conversation (stored in a scratch history) followed by a real
-answer of the tiny random test model (hence its words) with live charts from that run. The budget
+answer of the bundled demo model, speculating with its drafter, and the live charts of that run. The budget
 panel plans gpt-oss-20b from its real tensor table for a stated machine (an RTX 4090 with 64 GiB of
 RAM); the download panel talks to a local server that speaks the hub's protocol.
 """
@@ -85,18 +85,15 @@ def main() -> None:
     window = MainWindow(scratch / "data", machine=CPU_ONLY)
     window.resize(1280, 800)
     window.show()
-    window.library.add_folder(str(tiny))
     budget = window.budget
-    value = budget.gpu_slider.maximum()
-    while budget.placement is None or budget.placement.expert_slots > budget.facts.total_experts // 2:
-        value -= 1  # down to at most half the tiny model's experts on the device
-        budget.gpu_slider.setValue(value)
+    wait(app, lambda: budget.facts is not None)  # the demo model, selected as no other is installed
     budget.load_button.click()
     wait(app, lambda: window.client.info is not None)
 
     window.chats.new_chat()
-    window.chat_settings.max_tokens.setValue(48)
-    window.chat.composer.setPlainText("Hello! Who are you?")
+    window.chat_settings.max_tokens.setValue(160)
+    window.chat_settings.temperature.setValue(0.0)
+    window.chat.composer.setPlainText("What does `json.dumps` do?")
     window.chat.send()
     wait(app, lambda: window.chat.answer is None)
     window.side_tabs.setCurrentIndex(1)
@@ -110,7 +107,7 @@ def main() -> None:
     window.grab().save(str(out / "chat-markdown.png"))
 
     window.chat_settings.max_tokens.setValue(2000)
-    window.chat.composer.setPlainText("Tell me a long story.")
+    window.chat.composer.setPlainText("Show me the source code of `textwrap.dedent`.")
     window.chat.send()
     def answer_is_long() -> bool:
         answer = window.chat.answer

@@ -118,7 +118,9 @@ class BudgetPanel(QWidget):
                 self.facts = ModelFacts.from_folder(folder)
             except UserError as error:
                 self.title.setText(f"Cannot plan {path}: {error}")
-        self.speculation.show_model(self.facts.model_type if self.facts else None)
+        self.speculation.blockSignals(True)  # its method may change here: the sliders are bounded below
+        self.speculation.show_model(self.facts.model_type if self.facts else None, path)
+        self.speculation.blockSignals(False)
         if self.facts is None:
             self._set_enabled(False)
             self._replan()

@@ -14,6 +14,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.paths import DEMO_DRAFTER, DEMO_MODEL
+
 METHODS = (("Off", "off"), ("DFlash drafter", "dflash"), ("MTP layer (GLM)", "mtp"))
 AUTO = 0  # the block-size box's "auto": the engine picks the block size per step
 MAX_BLOCK_SIZE = 32
@@ -55,11 +57,18 @@ class SpeculationPanel(QWidget):
         self.form.addRow(self.note)
         self.show_model(None)
 
-    def show_model(self, model_type: str | None) -> None:
-        """Offer MTP only for GLM models (the ones with their own MTP layer)."""
+    def show_model(self, model_type: str | None, path: str | None = None) -> None:
+        """Offer MTP only for GLM models (the ones with their own MTP layer). The bundled demo model comes
+        with its drafter chosen; another model does not inherit it."""
         has_mtp = bool(model_type) and model_type.startswith("glm")
         self.method.model().item(self.method.findData("mtp")).setEnabled(has_mtp)
         if not has_mtp and self.method.currentData() == "mtp":
+            self.method.setCurrentIndex(self.method.findData("off"))
+        if path == str(DEMO_MODEL):
+            self.drafter.setText(str(DEMO_DRAFTER))
+            self.method.setCurrentIndex(self.method.findData("dflash"))
+        elif self.drafter.text() == str(DEMO_DRAFTER):
+            self.drafter.clear()
             self.method.setCurrentIndex(self.method.findData("off"))
         self._show_fields()
 

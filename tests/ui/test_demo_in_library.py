@@ -1,8 +1,12 @@
-"""With no model installed, the window opens with the bundled demo model listed and selected."""
+"""With no model installed, the window opens with the bundled demo model listed and selected, its drafter
+chosen for speculation."""
 
-from app.paths import DEMO_MODEL
+from PySide6.QtCore import Qt
+
+from app.paths import DEMO_DRAFTER, DEMO_MODEL
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
+from tests.ui.test_window_with_engine import CPU_ONLY, ENGINE_S, ask, wait_for_answer
 
 
 def test_the_demo_model_is_selected_when_no_other_model_is_installed(qtbot, tmp_path):
@@ -13,6 +17,7 @@ def test_the_demo_model_is_selected_when_no_other_model_is_installed(qtbot, tmp_
     assert window.library.list.count() == 1
     assert window.budget.facts is not None and window.budget.facts.model_type == "gpt_oss"
     assert window.settings.library == []  # offered, not installed
+    assert window.budget.speculation.options() == {"spec": "dflash", "drafter": str(DEMO_DRAFTER), "block_size": None}
     window.close()
 
 
@@ -22,9 +27,29 @@ def test_an_installed_model_keeps_the_demo_out_of_the_library(qtbot, tmp_path, t
     assert first.library.add_folder(str(tiny_gpt_oss))
     qtbot.wait(10)  # the demo's deferred selection must not take over the folder just added
     assert first.library.selected_path() == str(tiny_gpt_oss.resolve()) and first.library.list.count() == 1
+    assert first.budget.speculation.options()["spec"] == "off"  # the demo's drafter does not follow another model
     first.close()
     again = MainWindow(tmp_path, machine=Machine(16 * GIB))
     qtbot.addWidget(again)
     qtbot.wait(10)
     assert again.library.list.count() == 1 and again.library.selected_path() is None
     again.close()
+
+
+def test_the_demo_answers_out_of_the_box_with_its_drafter(qtbot, tmp_path):
+    """What a newcomer does: open the app, press Load, ask a question; the bundled pair answers in words
+    from its training data, with drafted tokens kept."""
+    window = MainWindow(tmp_path, machine=CPU_ONLY)
+    qtbot.addWidget(window)
+    window.show()
+    qtbot.waitUntil(lambda: window.library.selected_path() == str(DEMO_MODEL))
+    with qtbot.waitSignal(window.client.loaded, timeout=ENGINE_S) as loaded:
+        qtbot.mouseClick(window.budget.load_button, Qt.MouseButton.LeftButton)
+    assert loaded.args[0]["spec"] == "dflash" and not window.banner.isVisible()
+    window.chat_settings.temperature.setValue(0.0)
+    ask(window, qtbot, "What does `json.dumps` do?", max_tokens=48)
+    wait_for_answer(window, qtbot)
+    answer = window.store.branch(window.chat.chat_id)[-1]
+    assert answer.complete and answer.stats["mean_accepted"] > 0
+    assert len(answer.content.split()) >= 5 and "\ufffd" not in answer.content  # words, not broken bytes
+    window.close()
