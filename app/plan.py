@@ -4,7 +4,9 @@ The engine obeys the placement exactly; an impossible budget is refused here, be
 allocated.
 """
 
+import json
 from dataclasses import dataclass
+from itertools import pairwise
 
 from app.errors import UserError
 from app.model_folder import DTYPE_BYTES, ModelFolder, TensorInfo
@@ -14,6 +16,7 @@ from app.sizes import format_size
 ROUTED_EXPERT_MARK = ".mlp.experts."
 PREFILL_CHUNK = 256
 RUNTIME_RESERVE = 64 << 20
+ROUTING_FILE = "routing.json"
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,9 @@ class ModelFacts:
     hidden_size: int
     vocab_size: int
     attention_heads: int = 0
+    # (share of a layer's experts cached, LRU hit rate) measured on real text, from the folder's
+    # routing.json (see `read_routing`); empty: only the uniform-routing bound is known
+    measured_hit_rates: tuple[tuple[float, float], ...] = ()
 
     @property
     def total_experts(self) -> int:
@@ -87,7 +93,23 @@ class ModelFacts:
             hidden_size=config["hidden_size"],
             vocab_size=config["vocab_size"],
             attention_heads=config["num_attention_heads"],
+            measured_hit_rates=read_routing(folder, num_experts),
         )
+
+
+def read_routing(folder: ModelFolder, num_experts: int) -> tuple[tuple[float, float], ...]:
+    """A model folder may carry `routing.json`: {"lru_hit_rate": {"<slots per layer>": hit rate, …}}, the
+    hit rate of one layer's LRU cache of that many experts over the model's routing of real text. Returns
+    (share of the layer's experts, hit rate) points in order; () when the file is absent."""
+    path = folder.path / ROUTING_FILE
+    if not path.exists():
+        return ()
+    try:
+        rates = json.loads(path.read_text())["lru_hit_rate"]
+        return tuple(sorted((int(slots) / num_experts, float(rate)) for slots, rate in rates.items()))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise UserError(f"{path} is not a routing record ({{\"lru_hit_rate\": {{slots: rate}}}}): fix or "
+                        "delete it") from None
 
 
 def _dequantized_elements(info: TensorInfo) -> int:
@@ -210,6 +232,7 @@ class Prediction:
     overlap the device work, so no overlap gives the low speed and full overlap the high one."""
 
     hit_rate: float
+    measured_routing: bool  # the hit rate comes from the model's measured routing, not the uniform bound
     fetched_bytes_per_token: float  # missed experts copied to the device
     disk_bytes_per_token: float  # of those, read from disk first
     memory_s: float
@@ -249,10 +272,24 @@ def expert_hit_rate(slots: int, total_experts: int, uses_per_token: int) -> floa
     return min(max((slots - reserved) / (total_experts - reserved), 0.0), 1.0)
 
 
+def measured_hit_rate(points: tuple[tuple[float, float], ...], share: float) -> float:
+    """The hit rate at `share` of the experts cached, interpolated linearly between measured points
+    (and nothing cached: 0, everything: 1)."""
+    curve = [(0.0, 0.0), *points, (1.0, 1.0)]
+    for (x0, y0), (x1, y1) in pairwise(curve):
+        if share <= x1:
+            return y0 + (y1 - y0) * (share - x0) / (x1 - x0) if x1 > x0 else y1
+    return 1.0
+
+
 def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, hardware: Hardware) -> Prediction:
-    """Batch-1 decode speed of the target: a roofline of device memory, compute and expert copies."""
+    """Batch-1 decode speed of the target: a roofline of device memory, compute and expert copies. The hit
+    rate is the model's measured one when its folder has a routing record, else the uniform-routing bound."""
     uses_per_token = facts.expert_bytes_per_token // facts.expert_bytes
-    hit_rate = expert_hit_rate(placement.expert_slots, facts.total_experts, uses_per_token)
+    if facts.measured_hit_rates:
+        hit_rate = measured_hit_rate(facts.measured_hit_rates, placement.expert_slots / facts.total_experts)
+    else:
+        hit_rate = expert_hit_rate(placement.expert_slots, facts.total_experts, uses_per_token)
     fetched = facts.expert_bytes_per_token * (1 - hit_rate)
     from_disk = fetched * placement.disk_experts / facts.total_experts
     embedding = facts.vocab_size * facts.hidden_size  # looked up one row at a time, not read
@@ -260,6 +297,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     multiply_adds = facts.resident_weights - embedding + uses_per_token * facts.expert_weights
     return Prediction(
         hit_rate=hit_rate,
+        measured_routing=bool(facts.measured_hit_rates),
         fetched_bytes_per_token=fetched,
         disk_bytes_per_token=from_disk,
         memory_s=weights_read / hardware.memory_bps,

@@ -7,8 +7,18 @@ from collections import OrderedDict
 import pytest
 
 from app.cli import main
+from app.errors import UserError
 from app.model_folder import ModelFolder
-from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware, ModelFacts, expert_hit_rate, plan_placement, predict_decode
+from app.plan import (
+    CARD_MEMORY_BPS,
+    PCIE_BPS,
+    Hardware,
+    ModelFacts,
+    expert_hit_rate,
+    measured_hit_rate,
+    plan_placement,
+    predict_decode,
+)
 from tests.fixtures.shape_only import write_shape_only_model
 
 H200 = Hardware(link_bps=PCIE_BPS[5], memory_bps=CARD_MEMORY_BPS["H200"], flops=790e12)
@@ -88,3 +98,31 @@ def test_moechat_plan_prints_the_prediction(tmp_path, capsys):
     assert plan["prediction"]["tok_s_low"] <= plan["prediction"]["tok_s_high"]
     assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G"]) == 0
     assert "tok/s" in capsys.readouterr().out
+
+
+def test_measured_hit_rates_are_interpolated_between_their_points():
+    points = ((0.25, 0.36), (0.5, 0.73))
+    assert measured_hit_rate(points, 0.0) == 0.0 and measured_hit_rate(points, 1.0) == 1.0
+    assert measured_hit_rate(points, 0.25) == pytest.approx(0.36)
+    assert measured_hit_rate(points, 0.375) == pytest.approx((0.36 + 0.73) / 2)
+    assert measured_hit_rate(points, 0.75) == pytest.approx(0.73 + 0.27 / 2)
+
+
+def test_a_routing_record_in_the_folder_replaces_the_uniform_bound(tmp_path):
+    folder = write_shape_only_model(tmp_path / "gpt-oss-20b")
+    uniform = ModelFacts.from_folder(ModelFolder.open(folder))
+    (folder / "routing.json").write_text(json.dumps({"lru_hit_rate": {"8": 0.62, "16": 0.85}}))
+    measured = ModelFacts.from_folder(ModelFolder.open(folder))
+    assert measured.measured_hit_rates == ((0.25, 0.62), (0.5, 0.85))  # 32 experts per layer
+    half = placement_with_slots(measured, measured.total_experts // 2)
+    guess, known = predict_decode(uniform, half, 2, H200), predict_decode(measured, half, 2, H200)
+    assert not guess.measured_routing and known.measured_routing
+    assert known.hit_rate == pytest.approx(0.85) and guess.hit_rate < 0.5
+    assert known.fetched_bytes_per_token == pytest.approx(measured.expert_bytes_per_token * 0.15)
+
+
+def test_a_broken_routing_record_is_one_clear_error(tmp_path):
+    folder = write_shape_only_model(tmp_path / "gpt-oss-20b")
+    (folder / "routing.json").write_text(json.dumps({"hits": [1, 2]}))
+    with pytest.raises(UserError, match=r"routing\.json is not a routing record"):
+        ModelFacts.from_folder(ModelFolder.open(folder))

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.tokenizer import ChatTokenizer
 from app.paths import BUNDLED_MODELS, DEMO_DRAFTER, DEMO_MODEL
+from app.plan import ROUTING_FILE
 from tools.demo.acceptance import greedy_tau
 from tools.demo.card import write_card
 from tools.demo.chat_data import STOP_IDS, encode_chat, heldout_perplexity
@@ -73,7 +74,18 @@ def main() -> None:
         "routing": routing,
     }
     (BUNDLED_MODELS / "evaluation.json").write_text(json.dumps(evaluation, indent=2))
+    write_routing_record(DEMO_MODEL, routing)
     write_card(BUNDLED_MODELS)
+
+
+def write_routing_record(folder: Path, routing: dict) -> None:
+    """The measured LRU hit rates, where the planner reads them (app.plan.read_routing)."""
+    record = {
+        "lru_hit_rate": routing["mean_over_layers"]["lru_hit_rate"],
+        "source": f"tools/evaluate_demo.py: one layer's LRU cache over the routing of {routing['tokens']} tokens of "
+                  "held-out chats, mean over layers",
+    }
+    (folder / ROUTING_FILE).write_text(json.dumps(record, indent=2))
 
 
 if __name__ == "__main__":

@@ -235,7 +235,8 @@ class BudgetPanel(QWidget):
         self.speed.setText(f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s")
         self.details.setText(
             f"{placement.expert_slots} of {self.facts.total_experts} experts on {where}"
-            f" · cache hit rate {p.hit_rate:.0%} (uniform routing, the worst case)"
+            f" · cache hit rate {p.hit_rate:.0%} "
+            f"({'as measured on real text' if p.measured_routing else 'uniform routing, the worst case'})"
             f" · {format_size(p.fetched_bytes_per_token)} fetched per token · limited by {p.bound}"
             f" · {placement.disk_experts} experts read from disk"
         )

@@ -18,6 +18,7 @@ def test_the_demo_model_is_selected_when_no_other_model_is_installed(qtbot, tmp_
     assert window.budget.facts is not None and window.budget.facts.model_type == "gpt_oss"
     assert window.settings.library == []  # offered, not installed
     assert window.budget.speculation.options() == {"spec": "dflash", "drafter": str(DEMO_DRAFTER), "block_size": None}
+    assert "as measured on real text" in window.budget.details.text()  # the demo's routing.json
     window.close()
 
 
