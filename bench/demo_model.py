@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--blocks", default="4,8,16")
+    parser.add_argument("--blocks", default="4,8,16,auto", help="fixed block sizes; auto: the cost-aware policy")
     parser.add_argument("--temperatures", default="0,0.7")
     args = parser.parse_args()
     dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -63,14 +63,16 @@ def main() -> None:
     prompts = [Prompt(messages=chat["messages"], reasoning_effort=chat["reasoning_effort"]) for chat in heldout]
     context = 1024 + args.new
     results = []
-    specs = [SpecOptions()] + [SpecOptions("dflash", args.drafter, int(b)) for b in args.blocks.split(",")]
+    specs = [SpecOptions()] + [SpecOptions("dflash", args.drafter, None if b == "auto" else int(b))
+                               for b in args.blocks.split(",")]
     for spec in specs:
         session = Session.load(args.target, spec, context=context, dtype=dtype, device=args.device)
         run(session, prompts[:1], 0.0, 16)  # warm-up: kernels compile on first use
         for temperature in map(float, args.temperatures.split(",")):
             started = time.monotonic()
             figures = run(session, prompts, temperature, args.new)
-            entry = {"spec": spec.method, "block_size": spec.block_size, "temperature": temperature, **figures,
+            block = spec.block_size or ("auto" if spec.method != "off" else None)
+            entry = {"spec": spec.method, "block_size": block, "temperature": temperature, **figures,
                      "seconds": round(time.monotonic() - started, 1)}
             results.append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "outputs"}), flush=True)
