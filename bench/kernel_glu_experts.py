@@ -26,7 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.glu_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
 from bench import kernel_gpt_oss_experts as gpt_oss_bench
-from bench.kernel_gpt_oss_experts import attempt, bytes_read, expert_bytes, kernel_times, start_report
+from bench.kernel_gpt_oss_experts import (
+    attempt,
+    bytes_read,
+    expert_bytes,
+    kernel_times,
+    print_case,
+    start_report,
+)
 from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
@@ -155,26 +162,12 @@ def main(out_path: str) -> None:
                     if case[key]
                 }
             report["cases"].append(case)
-            print_case(case)
+            print_case(case, format_width=15)
             save()
         del arenas
         torch.cuda.empty_cache()
     save()
     print(f"wrote {out_path} after {report['seconds']:.0f} s")
-
-
-def print_case(case: dict) -> None:
-    title = f"{case['format']:15} T={case['tokens']:3}{' tuned' if case['tuned'] else ''}"
-    if "error" in case:
-        print(f"{title} {case['config']}: {case['error'][:500]}", flush=True)
-        return
-    kernels = {name[1:-7]: round(us, 1) for name, us in case["kernels_us"].items()}
-    fractions = {key.split("_")[0]: round(value, 2) for key, value in case["fraction_of_copy_bandwidth"].items()}
-    print(
-        f"{title} error={case['check'].get('relative_error', case['check'])} op={case['op_us']:.1f}us "
-        f"graph={case['graph_us']:.1f}us floor={case['floor_us']:.1f}us kernels={kernels} fractions={fractions}",
-        flush=True,
-    )
 
 
 if __name__ == "__main__":

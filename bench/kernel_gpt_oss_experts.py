@@ -272,8 +272,8 @@ def compiled_resources() -> dict:
     return resources
 
 
-def print_case(case: dict) -> None:
-    title = f"{case['format']:5} T={case['tokens']:3}{' tuned' if case['tuned'] else ''}"
+def print_case(case: dict, format_width: int = 5) -> None:
+    title = f"{case['format']:{format_width}} T={case['tokens']:3}{' tuned' if case['tuned'] else ''}"
     if "error" in case:
         print(f"{title} {case['config']}: {case['error'][:500]}", flush=True)
         return

@@ -1,4 +1,4 @@
-"""Greedy decoding helpers shared by the oracle tests: transformers' own loop, and ours."""
+"""Helpers shared by the oracle tests: greedy decoding (transformers' own loop, and ours) and the rewind check."""
 
 import torch
 
@@ -40,3 +40,16 @@ def prompt_and_decode_logits(model, reference, ids: list[int], steps: int) -> tu
             ours.append(model.forward(torch.tensor([token]), cache))
         expected = reference(torch.tensor([ids + continuation[:-1]])).logits[0]
     return torch.cat(ours), expected
+
+
+def rewound_and_fresh_logits(model, prompt: torch.Tensor, capacity: int = 40) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Feed `prompt` and a draft that is then rejected (truncate), then two other tokens: their logits, the
+    logits a fresh cache gives for the same two after the prompt, and the rewound cache's length."""
+    cache = model.new_kv_cache(capacity)
+    with torch.inference_mode():
+        model.forward(prompt, cache)
+        model.forward(torch.tensor([5, 6, 7, 8]), cache)  # a rejected draft
+        cache.truncate(len(prompt))
+        rewound = model.forward(torch.tensor([30, 31]), cache)
+        fresh = model.forward(torch.cat([prompt, torch.tensor([30, 31])]), model.new_kv_cache(capacity))[-2:]
+    return rewound, fresh, cache.length

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
-from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy
+from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy, rewound_and_fresh_logits
 from tests.fixtures.tiny_glm import VARIANTS
 
 PROMPT_LENGTH = 20  # longer than the tiny GLM-5's index_topk of 8: the DSA indexer drops tokens
@@ -66,14 +66,7 @@ def test_offloaded_experts_give_the_resident_tokens(variant, tiny_glm):
 def test_truncate_rewinds_the_cache_exactly(variant, tiny_glm):
     """After a rewind, re-fed tokens give what a fresh cache gives: the speculation rewind, MLA latents
     and DSA index keys included."""
-    model = load(tiny_glm(variant)).model
     ids = torch.tensor(prompt(5))
-    cache = model.new_kv_cache(40)
-    with torch.inference_mode():
-        model.forward(ids, cache)
-        model.forward(torch.tensor([5, 6, 7, 8]), cache)  # a rejected draft
-        cache.truncate(len(ids))
-        rewound = model.forward(torch.tensor([30, 31]), cache)
-        fresh = model.forward(torch.cat([ids, torch.tensor([30, 31])]), model.new_kv_cache(40))[-2:]
-    assert cache.length == len(ids) + 2
+    rewound, fresh, length = rewound_and_fresh_logits(load(tiny_glm(variant)).model, ids)
+    assert length == len(ids) + 2
     assert torch.allclose(rewound, fresh, atol=1e-5)

@@ -5,6 +5,7 @@ from app.engine.kv_cache import KVCache
 from app.engine.loader import load_model
 from app.errors import UserError
 from app.model_folder import ModelFolder
+from tests.engine.greedy import rewound_and_fresh_logits
 
 
 def test_update_returns_committed_rows_plus_new_ones():
@@ -28,14 +29,8 @@ def test_truncate_rewinds_the_model_exactly(tiny_gpt_oss):
     """After a rewind, re-feeding other tokens gives what a fresh cache would give: the speculation rewind."""
     model = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=40).model
     prompt = torch.arange(10, 22)  # longer than the sliding window
-    cache = model.new_kv_cache(40)
-    with torch.inference_mode():
-        model.forward(prompt, cache)
-        model.forward(torch.tensor([5, 6, 7, 8]), cache)  # a rejected draft
-        cache.truncate(len(prompt))
-        rewound = model.forward(torch.tensor([30, 31]), cache)
-        fresh = model.forward(torch.cat([prompt, torch.tensor([30, 31])]), model.new_kv_cache(40))[-2:]
-    assert cache.length == len(prompt) + 2
+    rewound, fresh, length = rewound_and_fresh_logits(model, prompt)
+    assert length == len(prompt) + 2
     assert torch.allclose(rewound, fresh, atol=1e-5)
 
 
