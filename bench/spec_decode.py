@@ -85,6 +85,10 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
     facts = ModelFacts.from_folder(ModelFolder.open(target))
     context = args.prompt + args.new
     budget = expert_budget(facts, fraction, context, 2 if dtype == "bfloat16" else 4)
+    on_gpu = device == "cuda"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
     model = load_model(ModelFolder.open(target), device=device, dtype=dtype, context=context, gpu_budget=budget,
                        prefetch_layers=args.prefetch_layers).model
     speculation = DFlashSpeculation(drafter, None)
@@ -123,6 +127,10 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
             result["spec"].append(entry)
             print(json.dumps({"fraction": fraction, **{k: v for k, v in entry.items() if not isinstance(v, dict)}}),
                   flush=True)
+    if on_gpu:  # target, drafter, expert slots, verify and drafter graph pools, every run's caches
+        peak = torch.cuda.max_memory_allocated() - base
+        result["max_memory_allocated_bytes"] = peak
+        result["within_budget_plus_drafter"] = peak <= budget + result["drafter_device_bytes"]
     return result
 
 

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
                       seconds * 2 / 3, log),
         continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
     ])
-    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0])
+    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
     dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps)
     torch.manual_seed(args.seed)
@@ -154,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=float, help="wall time for the three phases together")
     parser.add_argument("--target-steps", type=int)
     parser.add_argument("--drafter-steps", type=int)
+    parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
     return parser
