@@ -4,13 +4,13 @@ Experts keep their checkpoint format (MXFP4, FP8, bf16) in both places; kernels 
 compute time. On CPU the cache is still a separate arena, so the fetch mechanics run in CI too.
 """
 
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 
+from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
 from app.engine.host_memory import HostArena, aligned_bytes
 from app.engine.op_graph import SingleTokenGraph
 
@@ -89,7 +89,8 @@ class CacheStats:
 
 
 class ExpertCache:
-    """A fixed number of device slots holding experts, evicting the least recently used.
+    """A fixed number of device slots holding experts, evicting the one with the least decayed use
+    (`eviction`, cache_policy.py: popularity and recency, measured better than LRU on real routing).
 
     On a GPU, copies run on their own stream: each slot remembers the event that ends its copy
     (the compute stream waits for it) and the event that ends the last kernel reading it (a copy
@@ -110,7 +111,8 @@ class ExpertCache:
         self.slot_table = torch.full((max(store.layers) + 1, store.num_experts + 1), -1, dtype=torch.long,
                                      device=device)
         self.complete = False
-        self._slot_of: OrderedDict[ExpertKey, int] = OrderedDict()
+        self._slot_of: dict[ExpertKey, int] = {}
+        self.eviction = DecayedUseEviction(DEFAULT_HALF_LIFE_SLOTS * num_slots)
         self._free = list(range(num_slots - 1, -1, -1))
         self._predicted: dict[int, set[int]] = {}
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -133,17 +135,18 @@ class ExpertCache:
         """Slots holding `experts` of `layer`, fetching misses. At most `num_slots` experts at once."""
         assert len(experts) <= self.num_slots, "more experts than slots: use groups()"
         slots = []
+        keep = {(layer, expert) for expert in experts}  # no expert of this call evicts another
         for expert in experts:
             key = (layer, expert)
             slot = self._slot_of.get(key)
             if slot is None:
-                slot = self._take_slot()
+                slot = self._take_slot(keep)
                 self._load(key, slot)
                 self.stats.misses += 1
                 self.stats.bytes_fetched += self.store.expert_bytes
                 self.stats.disk_reads += self.store.is_on_disk(*key)
             else:
-                self._slot_of.move_to_end(key)
+                self.eviction.used(key)
                 self.stats.hits += 1
             slots.append(slot)
         return slots
@@ -152,11 +155,12 @@ class ExpertCache:
         """Start copying the experts a later layer is predicted to use; remember the prediction (joined
         with earlier ones for the same run of that layer: every copy started counts)."""
         self._predicted.setdefault(layer, set()).update(experts)
+        keep = {(layer, expert) for expert in experts}
         for expert in experts:
             key = (layer, expert)
             if key in self._slot_of:
                 continue
-            self._load(key, self._take_slot())
+            self._load(key, self._take_slot(keep))
             self.stats.prefetches += 1
             self.stats.bytes_fetched += self.store.expert_bytes
             self.stats.disk_reads += self.store.is_on_disk(*key)
@@ -264,10 +268,11 @@ class ExpertCache:
             self.stats.predicted_used += len(predicted.intersection(used))
             self.stats.used_after_prediction += len(used)
 
-    def _take_slot(self) -> int:
+    def _take_slot(self, keep: set[ExpertKey]) -> int:
         if self._free:
             return self._free.pop()
-        key, slot = self._slot_of.popitem(last=False)
+        key = self.eviction.victim(keep)
+        slot = self._slot_of.pop(key)
         self.slot_table[key] = -1
         self.stats.evictions += 1
         return slot
@@ -288,6 +293,7 @@ class ExpertCache:
                 self._copied[slot].record()
         self._slot_of[key] = slot
         self.slot_table[key] = slot
+        self.eviction.used(key)
 
     def _wait_for_copies(self, slots: list[int]) -> None:
         for slot in slots:

@@ -4,6 +4,7 @@ import pytest
 import torch
 from transformers import GptOssForCausalLM
 
+from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
 from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy
@@ -52,7 +53,7 @@ def test_offloaded_experts_give_identical_tokens_and_the_misses_routing_implies(
     assert our_greedy(offloaded, ids, NEW_TOKENS) == tokens
     assert resident.model.experts.stats.misses == 0
 
-    misses = _lru_misses(_routing(tiny_gpt_oss, ids, tokens), slots=3)
+    misses = _replayed_misses(_routing(tiny_gpt_oss, ids, tokens), slots=3)
     stats = offloaded.model.experts.stats
     assert stats.misses == misses
     assert stats.misses > NEW_TOKENS  # most steps miss
@@ -133,18 +134,19 @@ def _routing(folder, prompt_ids: list[int], generated: list[int]) -> list[list[l
     return [[sorted({int(e) for p in positions for e in layer[p]}) for layer in chosen] for positions in calls]
 
 
-def _lru_misses(routing, slots: int) -> int:
-    cache: list[tuple[int, int]] = []  # least recently used first
+def _replayed_misses(routing, slots: int) -> int:
+    """The routing replayed through the cache's eviction policy, outside the cache."""
+    eviction = DecayedUseEviction(DEFAULT_HALF_LIFE_SLOTS * slots)
+    resident: set[tuple[int, int]] = set()
     misses = 0
     for call in routing:
         for layer, experts in enumerate(call):
             for expert in experts:
                 key = (layer, expert)
-                if key in cache:
-                    cache.remove(key)
-                else:
+                if key not in resident:
                     misses += 1
-                    if len(cache) == slots:
-                        cache.pop(0)
-                cache.append(key)
+                    if len(resident) == slots:
+                        resident.remove(eviction.victim(keep={(layer, e) for e in experts}))
+                    resident.add(key)
+                eviction.used(key)
     return misses

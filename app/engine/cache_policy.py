@@ -1,0 +1,76 @@
+"""Which expert the cache evicts: the resident one with the least decayed use (LRFU).
+
+Every use of (layer, expert) adds a weight that halves every `half_life` uses of the cache, so the score
+of an expert is how often, and how lately, it was used. Trained routers pick some experts far more
+often than others and a token tends to reuse the previous token's experts; a popular expert that was
+not used in the last few tokens is worth more than one used once a moment ago, which plain LRU evicts
+the wrong way round. A half-life of 1 use or less is exactly LRU (one newer use outweighs all older
+ones); a long one approaches LFU. Scores of evicted experts are kept (one float per expert of the model):
+an expert that comes back keeps its popularity.
+
+Scores are stored as log2 of sum(2 ** (use_tick / half_life)), so they never need re-decaying and the
+order between two experts only changes when one of them is used; a heap of resident experts (with
+stale entries skipped and compacted away) finds the victim in O(log n).
+"""
+
+import heapq
+import math
+from collections.abc import Collection, Hashable
+
+# Measured on the demo model's real routing (tools/demo/routing.py, routing.json): long enough that a
+# popular expert outlives a burst of one-off picks, short enough to follow a change of topic.
+DEFAULT_HALF_LIFE_SLOTS = 4.0  # × the cache's slots, in uses
+
+
+class DecayedUseEviction:
+    def __init__(self, half_life: float):
+        assert half_life > 0, half_life
+        self.half_life = half_life
+        self._tick = 0
+        self._score: dict[Hashable, float] = {}  # every expert ever used
+        self._resident: set[Hashable] = set()
+        self._heap: list[tuple[float, int, Hashable]] = []  # (score, tick, key) of resident experts; stale ones too
+
+    def used(self, key: Hashable) -> None:
+        """A hit on a resident expert or a load into a slot (both are uses)."""
+        self._tick += 1
+        now = self._tick / self.half_life
+        old = self._score.get(key)
+        score = now if old is None else max(old, now) + math.log2(1 + 2 ** -abs(old - now))
+        self._score[key] = score
+        self._resident.add(key)
+        heapq.heappush(self._heap, (score, self._tick, key))
+        if len(self._heap) > 4 * len(self._resident) + 64:
+            self._compact()
+
+    def victim(self, keep: Collection[Hashable] = ()) -> Hashable:
+        """Remove and return the resident expert with the lowest score that is not in `keep` (the lowest
+        of `keep` when every resident expert is in it: a prefetch of more experts than slots)."""
+        kept = []
+        try:
+            while self._heap:
+                entry = heapq.heappop(self._heap)
+                score, _, key = entry
+                if key not in self._resident or self._score[key] != score:
+                    continue  # stale: evicted since, or used again (a newer entry exists)
+                if key in keep:
+                    kept.append(entry)
+                    continue
+                self._resident.discard(key)
+                return key
+            key = kept.pop(0)[2]
+            self._resident.discard(key)
+            return key
+        finally:
+            for entry in kept:
+                heapq.heappush(self._heap, entry)
+
+    def score(self, key: Hashable) -> float:
+        """log2 of the decayed use count, in units of the current tick's weight (for tests and tools)."""
+        return self._score[key] - self._tick / self.half_life
+
+    def _compact(self) -> None:
+        latest = {key: entry for entry in self._heap if (key := entry[2]) in self._resident
+                  and self._score[key] == entry[0]}
+        self._heap = list(latest.values())
+        heapq.heapify(self._heap)
