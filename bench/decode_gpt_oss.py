@@ -12,10 +12,12 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -27,7 +29,7 @@ from app.engine.loader import load_model
 from app.engine.protocol import Done
 from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
-from app.plan import ModelFacts, plan_placement
+from app.plan import ModelFacts, dtype_bytes, plan_placement
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
 
 REAL_SIZES = {
@@ -50,15 +52,20 @@ def machine() -> dict:
             "cpu_count": os.cpu_count()}
 
 
-def copy_bandwidths() -> dict:
-    chunk = 13_240_000
-    host = torch.empty(64 * chunk, dtype=torch.uint8, pin_memory=True)
-    device = torch.empty_like(host, device="cuda")
-    big = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
+def copy_bandwidths(on: str = "cuda") -> dict:
+    """Pinned host -> device copies in expert-sized chunks, and a device copy. On a CPU (a pipeline check) both
+    are RAM copies, of a smaller size."""
+    cuda = on == "cuda"
+    chunk = 13_240_000 if cuda else 1_324_000
+    host = torch.empty(64 * chunk, dtype=torch.uint8, pin_memory=cuda)
+    device = torch.empty_like(host, device=on)
+    big = torch.empty(4 << 30 if cuda else 64 << 20, dtype=torch.uint8, device=on)
     big_out = torch.empty_like(big)
 
     def timed(fn, repeats=5) -> float:
         fn()
+        if not cuda:
+            return statistics.median(_seconds(fn) for _ in range(repeats))
         torch.cuda.synchronize()
         times = []
         for _ in range(repeats):
@@ -79,6 +86,12 @@ def copy_bandwidths() -> dict:
     return {"pcie_pinned_13MB_chunks_Bps": pcie, "hbm_copy_read_plus_write_Bps": hbm}
 
 
+def _seconds(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
 def expert_budget(facts: ModelFacts, budget_fraction: float, context: int, dtype_bytes: int = 2) -> int:
     """The GPU budget that leaves room for that fraction of the routed experts besides everything else."""
     fixed = plan_placement(facts, None, None, context, dtype_bytes)
@@ -86,28 +99,42 @@ def expert_budget(facts: ModelFacts, budget_fraction: float, context: int, dtype
             + int(budget_fraction * facts.total_experts) * facts.expert_bytes)
 
 
+def compute_dtype(device: str) -> str:
+    return "bfloat16" if device == "cuda" else "float32"  # a CPU runs the pipeline check as the CPU tests do
+
+
 def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
-               prefetch_layers: int = 0) -> dict:
-    budget = expert_budget(facts, budget_fraction, prompt + new)
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    loaded = load_model(ModelFolder.open(folder), device="cuda", dtype="bfloat16", context=prompt + new,
-                        gpu_budget=budget, ram_budget=None, prefetch_layers=prefetch_layers)
-    model = loaded.model
+               prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda") -> dict:
+    """Load under the budget, decode three times (the first warms up); on a CPU (a pipeline check) in float32
+    and with no device memory figures."""
+    cuda = device == "cuda"
+    dtype = compute_dtype(device)
+    budget = expert_budget(facts, budget_fraction, prompt + new, dtype_bytes(dtype))
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    started = time.perf_counter()
+    loaded = load_model(ModelFolder.open(folder), device=device, dtype=dtype, context=prompt + new,
+                        gpu_budget=budget, ram_budget=ram_budget, prefetch_layers=prefetch_layers)
+    load_s = time.perf_counter() - started
+    model, placement = loaded.model, loaded.placement
     ids = torch.randint(0, facts.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     runs = [_timed_generation(model, ids, new) for _ in range(3)]
-    peak = torch.cuda.max_memory_allocated() - base
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
     run = sorted(runs[1:], key=lambda r: r["decode_tok_s"])[0]  # the slower of the two warm runs
     del model, loaded
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     return {
         "budget_fraction_of_routed_experts": budget_fraction,
         "gpu_budget_bytes": budget,
-        "expert_slots": int(budget_fraction * facts.total_experts),
+        "expert_slots": placement.expert_slots,
+        "host_experts": placement.host_experts,
+        "load_s": load_s,
         "decode_tok_s_runs": [r["decode_tok_s"] for r in runs],
         **run,
         "max_memory_allocated_bytes": peak,
-        "within_budget": peak <= budget,
+        "within_budget": peak <= budget if cuda else None,
     }
 
 
@@ -133,12 +160,13 @@ def _timed_generation(model, ids: list[int], new: int) -> dict:
     }
 
 
-def floors(facts: ModelFacts, folder: Path, bandwidth: dict, run: dict) -> dict:
-    """Per-token floors: resident bytes read per token over HBM, plus missed bytes over PCIe."""
-    tensors = ModelFolder.open(folder).tensors
-    dense_read = sum(t.nbytes for name, t in tensors.items()
-                     if ".mlp.experts." not in name and "embed_tokens" not in name)
-    expert_read = facts.top_k * len(facts.moe_layers) * facts.expert_bytes
+def floors(facts: ModelFacts, bandwidth: dict, run: dict, dtype_bytes: int = 2) -> dict:
+    """Per-token floors: the bytes a fully resident step reads over HBM (the resident weights in the compute
+    dtype, FP8 ones dequantized at load, but one embedding row; top-k routed experts per MoE layer in their
+    checkpoint format), plus the missed bytes over PCIe."""
+    embedding = facts.vocab_size * facts.hidden_size
+    dense_read = facts.resident_bytes(dtype_bytes) - embedding * dtype_bytes
+    expert_read = facts.expert_bytes_per_token
     hbm = bandwidth["hbm_copy_read_plus_write_Bps"]  # bytes moved per second by a copy (reads + writes)
     hbm_s = (dense_read + expert_read) / hbm
     pcie_s = run["decode_bytes_fetched_per_token"] / bandwidth["pcie_pinned_13MB_chunks_Bps"]
@@ -204,15 +232,7 @@ def main() -> None:
         report["checkpoint_write_s"] = time.perf_counter() - started
     facts = ModelFacts.from_folder(ModelFolder.open(folder))
     report["expert_bytes"] = facts.expert_bytes
-    report["runs"] = []
-    settings = [(float(f), int(d)) for f in args.fractions.split(",") for d in args.prefetch.split(",")
-                if float(f) < 1 or d == args.prefetch.split(",")[0]]  # nothing to prefetch when all fit
-    for fraction, depth in settings:
-        run = {"prefetch_layers": depth, **decode_run(folder, fraction, args.prompt, args.new, facts, depth)}
-        run.update(floors(facts, folder, report["bandwidth"], run))
-        report["runs"].append(run)
-        print(json.dumps({k: v for k, v in run.items() if not isinstance(v, dict)}), flush=True)
-        Path(args.out).write_text(json.dumps(report, indent=2))
+    budget_runs(report, folder, facts, args)
     if args.peer:
         budget = report["runs"][-1]["gpu_budget_bytes"]
         try:
@@ -220,13 +240,33 @@ def main() -> None:
         except Exception as error:  # the peer is best effort: record why it did not run
             report["peer_transformers_offload"] = {"error": f"{type(error).__name__}: {error}"[:500]}
     Path(args.out).write_text(json.dumps(report, indent=2))
+    print_table(report)
+    print(json.dumps(report.get("peer_transformers_offload")))
+
+
+def budget_runs(report: dict, folder: Path, facts: ModelFacts, args, device: str = "cuda",
+                ram_budget: Callable[[float], int | None] = lambda fraction: None) -> None:
+    """One decode run per budget in `args.fractions` and look-ahead depth in `args.prefetch`, each with its
+    floors, appended to report["runs"]; the report is written to `args.out` after every run."""
+    report["runs"] = []
+    settings = [(float(f), int(d)) for f in args.fractions.split(",") for d in args.prefetch.split(",")
+                if float(f) < 1 or d == args.prefetch.split(",")[0]]  # nothing to prefetch when all fit
+    for fraction, depth in settings:
+        run = {"prefetch_layers": depth, **decode_run(folder, fraction, args.prompt, args.new, facts, depth,
+                                                      ram_budget(fraction), device)}
+        run.update(floors(facts, report["bandwidth"], run, dtype_bytes(compute_dtype(device))))
+        report["runs"].append(run)
+        print(json.dumps({k: v for k, v in run.items() if not isinstance(v, dict)}), flush=True)
+        Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+def print_table(report: dict) -> None:
     print(f"{'budget':>7} {'ahead':>5} {'tok/s':>8} {'hit':>6} {'MB/tok':>8} {'floor opt':>10} {'floor pes':>10}")
     for run in report["runs"]:
         print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['prefetch_layers']:>5} "
               f"{run['decode_tok_s']:>8.1f} "
               f"{run['decode_hit_rate'] or 0:>6.2f} {run['decode_bytes_fetched_per_token'] / 1e6:>8.1f} "
               f"{run['ratio_to_floor_optimistic']:>10.2f} {run['ratio_to_floor_pessimistic']:>10.2f}")
-    print(json.dumps(report.get("peer_transformers_offload")))
 
 
 if __name__ == "__main__":
