@@ -4,7 +4,7 @@ the routed experts, the rest in pinned RAM: what bench/decode_gpt_oss.py measure
 in the same run, torch.cuda.max_memory_allocated against the budget).
 
     python bench/decode_glm.py OUT.json [--prompt 512] [--new 256] [--fractions 1.0,0.5,0.25] [--prefetch 0]
-        [--layers 46] [--folder DIR]
+        [--repeats 2] [--layers 46] [--folder DIR]
     python bench/decode_glm.py OUT.json --device cpu --tiny     (the whole pipeline on the tiny GLM-4.5-FP8
         test checkpoint, in seconds)
 
@@ -13,6 +13,8 @@ per-output-channel `weight_scale`, the `ignore` list's modules in bf16. Its dens
 shared experts, dense layer 0, routers with their correction bias, embeddings, LM head), so routing changes from
 token to token and spreads near-uniformly, the worst case for a cache; its 99.8 GB of routed experts are zeros in
 a sparse file (copy and kernel times do not depend on the values). No MTP layer: nothing speculates here.
+Two decodes per budget, not gpt-oss's three: at 25 % a GLM token misses ~4.7 GB of experts, and the whole
+bench must fit one 10-minute device call.
 
 RAM: at 100 % the experts go from the checkpoint's page cache straight to the GPU (RAM budget 0: pinning 99.8 GB
 that the run never reads would only lengthen the load); below 100 % every expert is pinned (no RAM budget: any of
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--new", type=int)
     parser.add_argument("--fractions", default="1.0,0.5,0.25")
     parser.add_argument("--prefetch", default="0", help="look-ahead depths to compare, e.g. 0,2")
+    parser.add_argument("--repeats", type=int, default=2, help="decodes per budget; the first warms up")
     parser.add_argument("--layers", type=int, default=GLM_4_5_AIR_FP8_CONFIG["num_hidden_layers"],
                         help="fewer layers than the published 46, for a shorter check")
     parser.add_argument("--folder", help="reuse a synthetic checkpoint written earlier")

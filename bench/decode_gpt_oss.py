@@ -2,13 +2,14 @@
 budgets that hold 100 %, 50 % and 25 % of the routed experts, against the floors measured in the
 same run (pinned PCIe copy, HBM copy) and, optionally, the transformers + accelerate offload peer.
 
-    python bench/decode_gpt_oss.py OUT.json [--model 20b|120b] [--prompt 512] [--new 256] [--peer]
+    python bench/decode_gpt_oss.py OUT.json [--model 20b|120b] [--prompt 512] [--new 256] [--repeats 3] [--peer]
 
 Random weights route almost uniformly: the worst case for an expert cache. For 120b the experts are
 zeros in a sparse file (61 GB of random bytes do not fit the GPU machine's disk); routing stays random.
 """
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -104,8 +105,9 @@ def compute_dtype(device: str) -> str:
 
 
 def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
-               prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda") -> dict:
-    """Load under the budget, decode three times (the first warms up); on a CPU (a pipeline check) in float32
+               prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda",
+               repeats: int = 3) -> dict:
+    """Load under the budget, decode `repeats` times (the first warms up); on a CPU (a pipeline check) in float32
     and with no device memory figures."""
     cuda = device == "cuda"
     dtype = compute_dtype(device)
@@ -119,10 +121,11 @@ def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, fact
     load_s = time.perf_counter() - started
     model, placement = loaded.model, loaded.placement
     ids = torch.randint(0, facts.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    runs = [_timed_generation(model, ids, new) for _ in range(3)]
+    runs = [_timed_generation(model, ids, new) for _ in range(repeats)]
     peak = torch.cuda.max_memory_allocated() - base if cuda else None
-    run = sorted(runs[1:], key=lambda r: r["decode_tok_s"])[0]  # the slower of the two warm runs
+    run = sorted(runs[1:], key=lambda r: r["decode_tok_s"])[0]  # the slowest warm run
     del model, loaded
+    gc.collect()  # the pinned experts go now, not at some later collection: the next budget pins its own
     if cuda:
         torch.cuda.empty_cache()
     return {
@@ -214,6 +217,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--fractions", default="1.0,0.5,0.25")
     parser.add_argument("--prefetch", default="0", help="look-ahead depths to compare, e.g. 0,2")
+    parser.add_argument("--repeats", type=int, default=3, help="decodes per budget; the first warms up")
     parser.add_argument("--peer", action="store_true")
     parser.add_argument("--folder", help="reuse a synthetic checkpoint written earlier")
     args = parser.parse_args()
@@ -246,14 +250,15 @@ def main() -> None:
 
 def budget_runs(report: dict, folder: Path, facts: ModelFacts, args, device: str = "cuda",
                 ram_budget: Callable[[float], int | None] = lambda fraction: None) -> None:
-    """One decode run per budget in `args.fractions` and look-ahead depth in `args.prefetch`, each with its
-    floors, appended to report["runs"]; the report is written to `args.out` after every run."""
+    """One decode run (`args.repeats` decodes) per budget in `args.fractions` and look-ahead depth in
+    `args.prefetch`, each with its floors, appended to report["runs"]; the report is written to `args.out` after
+    every run."""
     report["runs"] = []
     settings = [(float(f), int(d)) for f in args.fractions.split(",") for d in args.prefetch.split(",")
                 if float(f) < 1 or d == args.prefetch.split(",")[0]]  # nothing to prefetch when all fit
     for fraction, depth in settings:
         run = {"prefetch_layers": depth, **decode_run(folder, fraction, args.prompt, args.new, facts, depth,
-                                                      ram_budget(fraction), device)}
+                                                      ram_budget(fraction), device, args.repeats)}
         run.update(floors(facts, report["bandwidth"], run, dtype_bytes(compute_dtype(device))))
         report["runs"].append(run)
         print(json.dumps({k: v for k, v in run.items() if not isinstance(v, dict)}), flush=True)
