@@ -81,6 +81,7 @@ def main() -> None:
         else:
             write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": args.layers})
         report["checkpoint_write_s"] = time.perf_counter() - started
+        print(f"checkpoint written in {report['checkpoint_write_s']:.0f} s", flush=True)
     facts = ModelFacts.from_folder(ModelFolder.open(folder))
     report.update(expert_bytes=facts.expert_bytes, total_experts=facts.total_experts,
                   resident_weights=facts.resident_weights)
