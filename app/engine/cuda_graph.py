@@ -15,6 +15,20 @@ def graph_ready(model) -> bool:
     return model.device.type == "cuda" and model.experts.complete and getattr(model, "graph_safe", True)
 
 
+def warm_up(run: Callable[[], object], cache: KVCache) -> None:
+    """Run a pass to be captured twice on a side stream (kernels compile, libraries allocate their
+    workspaces outside the capture), then rewind the cache to its committed rows: rows past them are not
+    part of the context yet, so warm-up and capture may write them."""
+    committed = cache.length
+    side = torch.cuda.Stream(cache.device)
+    side.wait_stream(torch.cuda.current_stream(cache.device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+            cache.truncate(committed)
+    torch.cuda.current_stream(cache.device).wait_stream(side)
+
+
 class PassGraph:
     """`run(inputs)` for inputs shaped like `example` [T, ...], written at the T positions after the
     cache's committed ones, captured at construction. The cache must stay the same object; replaying
@@ -30,14 +44,7 @@ class PassGraph:
         self.positions = self.offsets + cache.length
         cache.static_positions = self.positions
         committed = cache.length
-        # rows from `committed` on are not part of the context yet, so warm-up and capture may write them
-        side = torch.cuda.Stream(cache.device)
-        side.wait_stream(torch.cuda.current_stream(cache.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run(self.inputs)
-                cache.truncate(committed)
-        torch.cuda.current_stream(cache.device).wait_stream(side)
+        warm_up(lambda: run(self.inputs), cache)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.output = run(self.inputs)

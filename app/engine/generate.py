@@ -10,6 +10,7 @@ from app.engine.experts import CacheStats
 from app.engine.kv_cache import KVCache
 from app.engine.protocol import Done, Tokens
 from app.engine.sampling import Sampler
+from app.engine.segmented_decode import SegmentedDecode, segments_ready
 from app.errors import UserError
 from app.plan import PREFILL_CHUNK
 
@@ -42,9 +43,12 @@ def prefill(
 
 def decode_step(model, cache: KVCache) -> Callable[[int], torch.Tensor]:
     """token -> its logits [V]. A captured CUDA graph when routing needs no host work (every
-    expert resident on a GPU), else the eager forward."""
+    expert resident on a GPU); with experts offloaded on a GPU, a graph per layer around the host's
+    expert work (segmented_decode.py); else the eager forward."""
     if graph_ready(model):
         return DecodeGraph(model, cache).step
+    if segments_ready(model):
+        return SegmentedDecode(model, cache).step
 
     def eager(token: int) -> torch.Tensor:
         return model.forward(torch.tensor([token], device=model.device), cache)[-1]

@@ -3,6 +3,7 @@ clamped SwiGLU experts (gate/up interleaved) that live in the expert cache."""
 
 from dataclasses import dataclass
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -12,6 +13,24 @@ from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, causal_mask, finish_forward, rms_norm
 from app.engine.rope import Rotary, rotate_halves
 from app.kernels.gpt_oss_experts import gpt_oss_experts_op
+
+
+class AttentionContext(NamedTuple):
+    """Masks per window (None: full attention) [T, L], cos and sin [T, head_dim / 2] of a pass's positions."""
+
+    masks: dict[int | None, torch.Tensor]
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+class Routing(NamedTuple):
+    """A layer's routing: its normed hidden states [T, H], picked experts and their weights [T, k], and the
+    experts [T, k] predicted for the later layers its cache looks ahead to."""
+
+    hidden: torch.Tensor
+    top_experts: torch.Tensor
+    top_weights: torch.Tensor
+    predictions: dict[int, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -154,38 +173,53 @@ class GptOss:
         order given, [T, len(capture) * H], for every position. That is the context a DFlash drafter reads.
         """
         cache.check_room(len(token_ids))
-        positions = cache.positions(len(token_ids))
-        cos, sin = self.rotary.cos_sin(positions, self.dtype)
-        num_keys = cache.num_rows(len(token_ids))
-        masks = {window: causal_mask(positions, num_keys, window) for window in (None, self.config.sliding_window)}
-        x = self.embed[token_ids]
+        x, context = self.embed[token_ids], self.attention_context(len(token_ids), cache)
         outputs = {}
-        for index, layer in enumerate(self.layers):
-            x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
-                                    masks, cos, sin, cache)
-            x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+        for index in range(len(self.layers)):
+            x, routing = self.until_experts(index, x, context, cache)
+            x = x + self.routed_experts(index, routing)
             if index in capture:
                 outputs[index] = x
         cache.advance(len(token_ids))
         return finish_forward(self, x, outputs, capture, last_only)
 
+    def attention_context(self, num_tokens: int, cache: KVCache) -> AttentionContext:
+        """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
+        positions = cache.positions(num_tokens)
+        masks = {window: causal_mask(positions, cache.num_rows(num_tokens), window)
+                 for window in (None, self.config.sliding_window)}
+        return AttentionContext(masks, *self.rotary.cos_sin(positions, self.dtype))
+
+    def until_experts(self, index: int, x: torch.Tensor, context: AttentionContext,
+                      cache: KVCache) -> tuple[torch.Tensor, Routing]:
+        """Layer `index` up to its routed experts: its input x [T, H] -> the residual after attention
+        [T, H] and the routing of its normed copy. The layer's output is the residual plus
+        `routed_experts(index, routing)`; the decode step of segmented_decode.py captures this part."""
+        layer = self.layers[index]
+        x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
+                                *context, cache)
+        return x, self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+
+    def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
+        """The weighted sum [T, H] of the experts `routing` picked (host work when experts are offloaded)."""
+        return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
+                                routing.predictions)
+
     def decode_batch(self, token_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
         """One token from each of N sequences, token_ids [N] and one cache per sequence -> logits [N, vocab]
         (float32). Attention runs per sequence over its own cache; each layer's routed experts run once
         for all N tokens, so one expert sweep serves the whole batch."""
-        sequences = []
+        contexts = []
         for cache in caches:
             cache.check_room(1)
-            positions = cache.positions(1)
-            masks = {window: causal_mask(positions, cache.num_rows(1), window)
-                     for window in (None, self.config.sliding_window)}
-            sequences.append((masks, *self.rotary.cos_sin(positions, self.dtype), cache))
+            contexts.append(self.attention_context(1, cache))
         x = self.embed[token_ids]
         for index, layer in enumerate(self.layers):
             normed = rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
-            x = x + torch.cat([self._attention(index, layer, normed[i : i + 1], *sequence)
-                               for i, sequence in enumerate(sequences)])
-            x = x + self._moe(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+            x = x + torch.cat([self._attention(index, layer, normed[i : i + 1], *context, cache)
+                               for i, (context, cache) in enumerate(zip(contexts, caches, strict=True))])
+            routing = self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+            x = x + self.routed_experts(index, routing)
         for cache in caches:
             cache.advance(1)
         return finish_forward(self, x, {}, (), last_only=False)
@@ -212,13 +246,12 @@ class GptOss:
         out = attend(q, keys, values, masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
         return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
 
-    def _moe(self, index, layer, x) -> torch.Tensor:
+    def _routing(self, index, layer, x) -> Routing:
         top_logits, top_experts = self._route(layer, x)
-        top_weights = torch.softmax(top_logits, dim=-1)
         predictions = {
             later: self._route(self.layers[later], x).indices for later in self.experts.lookahead_layers(index, len(x))
         }
-        return self.experts.run(index, x, top_experts, top_weights, self.run_experts, predictions)
+        return Routing(x, top_experts, torch.softmax(top_logits, dim=-1), predictions)
 
     def _route(self, layer, x):
         """The router's top-k (values, indices) [T, k] for normed hidden states x [T, H]."""

@@ -6,6 +6,7 @@ from app.engine.cuda_graph import DecodeGraph, graph_ready
 from app.engine.generate import prefill
 from app.engine.kv_cache import KVCache
 from app.engine.sampling import Sampler
+from app.engine.segmented_decode import SegmentedDecode, segments_ready
 from app.engine.spec.accept import accept_one_hot, accept_sampled
 from app.engine.spec.drafter import Drafter, Proposal
 from app.engine.spec.routing import prefetch_for_block
@@ -22,7 +23,11 @@ class Speculator:
         self.drafter = drafter
         self.sampler = sampler
         self.capture = drafter.target_layers
-        self.graphs = block_graphs(model, cache, self.capture, drafter.block_size) if graph_ready(model) else {}
+        self.graphs = {}
+        if graph_ready(model):
+            self.graphs = block_graphs(model, cache, self.capture, drafter.block_size)
+        elif segments_ready(model):  # experts offloaded: plain steps are segmented, verify blocks stay eager
+            self.graphs = {1: SegmentedDecode(model, cache, self.capture)}
 
     def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
         """The prompt's last logits [V]; the drafter receives the features of every prompt position."""
