@@ -89,7 +89,7 @@ def test_segments_capture_the_features_the_eager_forward_captures(tiny_gpt_oss, 
         logits = step.run(PROMPT[-1:])
     assert cache.length == eager_cache.length == len(PROMPT)
     assert step.features.shape == expected.shape == (1, len(layers) * model.config.hidden_size)
-    assert (step.features - expected).abs().max() <= 1e-5 * expected.abs().max()
+    assert (step.features - expected).abs().max() <= 1e-4 * expected.abs().max()
     assert (logits - expected_logits).abs().max() <= 1e-4 * expected_logits.abs().max()
 
 
