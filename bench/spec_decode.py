@@ -91,8 +91,11 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
         base = torch.cuda.memory_allocated()
     model = load_model(ModelFolder.open(target), device=device, dtype=dtype, context=context, gpu_budget=budget,
                        prefetch_layers=args.prefetch_layers).model
+    memory = {"after_target_load": allocated_since(base)} if on_gpu else {}
     speculation = DFlashSpeculation(drafter, None)
     speculation.load(model)
+    if on_gpu:
+        memory["after_drafter_load"] = allocated_since(base)
     ids = torch.randint(0, facts.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     greedy = SamplingParams()
 
@@ -109,6 +112,8 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
 
     reference, _ = plain()  # warm-up, and the continuation every drafter agrees with
     off = [plain()[1] for _ in range(args.repeats)]
+    if on_gpu:
+        peak = memory["through_spec_off"] = torch.cuda.max_memory_allocated() - base
     result = {
         "budget_fraction_of_routed_experts": fraction,
         "gpu_budget_bytes": budget,
@@ -120,18 +125,27 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
     for agreement in args.acceptance:
         for block_size in [*args.blocks, None]:
             runs = []
+            if on_gpu:
+                torch.cuda.reset_peak_memory_stats()
             for repeat in range(args.repeats):
                 tokens, stats = speculative(agreement, block_size, seed=repeat)
                 runs.append({**stats, "tokens_match": tokens == reference})
             entry = {"acceptance": agreement, "block_size": block_size or "cost-aware", **summarize(runs, facts)}
+            if on_gpu:
+                entry["memory"] = {"peak": torch.cuda.max_memory_allocated() - base, "after": allocated_since(base)}
+                peak = max(peak, entry["memory"]["peak"])
             result["spec"].append(entry)
             print(json.dumps({"fraction": fraction, **{k: v for k, v in entry.items() if not isinstance(v, dict)}}),
                   flush=True)
     if on_gpu:  # target, drafter, expert slots, verify and drafter graph pools, every run's caches
-        peak = torch.cuda.max_memory_allocated() - base
+        result["memory_bytes"] = memory
         result["max_memory_allocated_bytes"] = peak
         result["within_budget_plus_drafter"] = peak <= budget + result["drafter_device_bytes"]
     return result
+
+
+def allocated_since(base: int) -> int:
+    return torch.cuda.memory_allocated() - base
 
 
 def summarize(runs: list[dict], facts: ModelFacts) -> dict:
