@@ -41,7 +41,7 @@ class ModelFacts:
     hidden_size: int
     vocab_size: int
     attention_heads: int = 0
-    # (share of a layer's experts cached, LRU hit rate) measured on real text, from the folder's
+    # (share of a layer's experts cached, the expert cache's hit rate) measured on real text, from the folder's
     # routing.json (see `read_routing`); empty: only the uniform-routing bound is known
     measured_hit_rates: tuple[tuple[float, float], ...] = ()
 
@@ -98,17 +98,18 @@ class ModelFacts:
 
 
 def read_routing(folder: ModelFolder, num_experts: int) -> tuple[tuple[float, float], ...]:
-    """A model folder may carry `routing.json`: {"lru_hit_rate": {"<slots per layer>": hit rate, …}}, the
-    hit rate of one layer's LRU cache of that many experts over the model's routing of real text. Returns
-    (share of the layer's experts, hit rate) points in order; () when the file is absent."""
+    """A model folder may carry `routing.json`: {"hit_rate": {"<slots per layer>": hit rate, …}}, the hit
+    rate of the engine's expert cache (that many slots per layer, its own eviction policy) over the model's
+    routing of real text. Returns (share of the layer's experts, hit rate) points in order; () when the
+    file is absent."""
     path = folder.path / ROUTING_FILE
     if not path.exists():
         return ()
     try:
-        rates = json.loads(path.read_text())["lru_hit_rate"]
+        rates = json.loads(path.read_text())["hit_rate"]
         return tuple(sorted((int(slots) / num_experts, float(rate)) for slots, rate in rates.items()))
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise UserError(f"{path} is not a routing record ({{\"lru_hit_rate\": {{slots: rate}}}}): fix or "
+        raise UserError(f"{path} is not a routing record ({{\"hit_rate\": {{slots: rate}}}}): fix or "
                         "delete it") from None
 
 

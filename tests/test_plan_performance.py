@@ -111,7 +111,7 @@ def test_measured_hit_rates_are_interpolated_between_their_points():
 def test_a_routing_record_in_the_folder_replaces_the_uniform_bound(tmp_path):
     folder = write_shape_only_model(tmp_path / "gpt-oss-20b")
     uniform = ModelFacts.from_folder(ModelFolder.open(folder))
-    (folder / "routing.json").write_text(json.dumps({"lru_hit_rate": {"8": 0.62, "16": 0.85}}))
+    (folder / "routing.json").write_text(json.dumps({"hit_rate": {"8": 0.62, "16": 0.85}}))
     measured = ModelFacts.from_folder(ModelFolder.open(folder))
     assert measured.measured_hit_rates == ((0.25, 0.62), (0.5, 0.85))  # 32 experts per layer
     half = placement_with_slots(measured, measured.total_experts // 2)

@@ -1,6 +1,6 @@
 """Measure the shipped demo model on this machine (CPU, float32) and write its model card.
 
-    python tools/evaluate_demo.py [--prompts 32] [--new 128]
+    python tools/evaluate_demo.py [--prompts 32] [--new 128] [--routing-only]
 
 Writes resources/models/evaluation.json and resources/models/README.md (the card, which also quotes
 training.json and the benchmark results bench/results/demo-model-*.json). Measured here:
@@ -9,7 +9,10 @@ training.json and the benchmark results bench/results/demo-model-*.json). Measur
 - greedy acceptance τ at blocks 4 / 8 / 16 on the first --prompts held-out prompts, each answer up to
   --new tokens (tools/demo/acceptance.py: the engine's greedy loop replayed; tests check it against the
   engine); sampled τ (temperature 0.7) comes from the engine's benchmark runs;
-- routing statistics over the first --routing-chats held-out chats (tools/demo/routing.py).
+- routing statistics over the first --routing-chats held-out chats (tools/demo/routing.py), and the expert
+  cache's hit rate while the engine generates answers to the first --cache-prompts held-out prompts with its
+  experts offloaded (tools/demo/engine_cache.py), each under LRU and under the engine's eviction policy.
+--routing-only measures just the routing and the cache and keeps the other figures of evaluation.json.
 """
 
 import argparse
@@ -30,10 +33,12 @@ from tools.demo.card import write_card
 from tools.demo.chat_data import STOP_IDS, encode_chat, heldout_perplexity
 from tools.demo.corpus import Chat
 from tools.demo.drafter import DFlashTrainee
+from tools.demo.engine_cache import engine_hit_rates
 from tools.demo.routing import router_picks, routing_statistics
 from tools.demo.target import load_target
 
 BLOCK_SIZES = (4, 8, 16)
+SLOT_COUNTS = (4, 8, 12)  # cached experts per layer, of the demo's 16
 
 
 def main() -> None:
@@ -41,13 +46,31 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--routing-chats", type=int, default=128, help="held-out chats the routing is read from")
+    parser.add_argument("--cache-prompts", type=int, default=8, help="held-out prompts the engine answers")
+    parser.add_argument("--cache-new", type=int, default=48, help="tokens per answer in the engine's cache runs")
+    parser.add_argument("--routing-only", action="store_true", help="measure only the routing and the cache")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     heldout = json.loads((DEMO_MODEL / "heldout.json").read_text())
     tokenizer = ChatTokenizer.load(DEMO_MODEL)
     chats = [encode_chat(tokenizer, Chat(c["messages"], c["reasoning_effort"], c["answer"])) for c in heldout]
     target = load_target(DEMO_MODEL, torch.device("cpu"))
+    routing = routing_statistics(router_picks(target, [p + a for p, a in chats[: args.routing_chats]]),
+                                 target.config.num_local_experts, slot_counts=SLOT_COUNTS)
+    routing["engine_cache_hit_rate"] = engine_hit_rates(DEMO_MODEL, [p for p, _ in chats[: args.cache_prompts]],
+                                                        args.cache_new, SLOT_COUNTS)
+    if args.routing_only:
+        evaluation = json.loads((BUNDLED_MODELS / "evaluation.json").read_text())
+    else:
+        evaluation = measure_model(target, chats, args)
+    evaluation["routing"] = routing
+    (BUNDLED_MODELS / "evaluation.json").write_text(json.dumps(evaluation, indent=2))
+    write_routing_record(DEMO_MODEL, routing)
+    write_card(BUNDLED_MODELS)
 
+
+def measure_model(target, chats, args) -> dict:
+    """Held-out perplexity and greedy τ."""
     config = json.loads((DEMO_DRAFTER / "config.json").read_text())
     trainee = DFlashTrainee(config)
     trainee.load_state_dict({k: v.float() for k, v in load_file(str(DEMO_DRAFTER / "model.safetensors")).items()})
@@ -63,27 +86,22 @@ def main() -> None:
     print(f"greedy τ {tau}", flush=True)
     perplexity = heldout_perplexity(target, chats, torch.device("cpu"))
     print(f"held-out perplexity {perplexity:.3f} over {len(chats)} answers", flush=True)
-
-    routing = routing_statistics(router_picks(target, [p + a for p, a in chats[: args.routing_chats]]),
-                                 target.config.num_local_experts, slot_counts=(4, 8, 12))
-    evaluation = {
+    return {
         "machine": "this machine's CPU, float32",
         "heldout_perplexity": round(perplexity, 3), "heldout_answers": len(chats),
         "heldout_answer_tokens": sum(len(a) for _, a in chats),
         "greedy_tau": {"prompts": min(args.prompts, len(chats)), "max_new_tokens": args.new, "tau": tau},
-        "routing": routing,
     }
-    (BUNDLED_MODELS / "evaluation.json").write_text(json.dumps(evaluation, indent=2))
-    write_routing_record(DEMO_MODEL, routing)
-    write_card(BUNDLED_MODELS)
 
 
 def write_routing_record(folder: Path, routing: dict) -> None:
-    """The measured LRU hit rates, where the planner reads them (app.plan.read_routing)."""
+    """The measured hit rates of the engine's eviction policy, where the planner reads them
+    (app.plan.read_routing); LRU's alongside for comparison."""
+    cache = routing["cache_hit_rate"]
     record = {
-        "lru_hit_rate": routing["mean_over_layers"]["lru_hit_rate"],
-        "source": f"tools/evaluate_demo.py: one layer's LRU cache over the routing of {routing['tokens']} tokens of "
-                  "held-out chats, mean over layers",
+        "hit_rate": cache["engine_policy"], "policy": cache["policy"], "lru_hit_rate": cache["lru"],
+        "source": f"tools/evaluate_demo.py: the engine's ExpertCache (slots per layer × layers) replayed over the "
+                  f"routing of {routing['tokens']} tokens of held-out chats",
     }
     (folder / ROUTING_FILE).write_text(json.dumps(record, indent=2))
 

@@ -17,9 +17,11 @@ import heapq
 import math
 from collections.abc import Collection, Hashable
 
-# Measured on the demo model's real routing (tools/demo/routing.py, routing.json): long enough that a
-# popular expert outlives a burst of one-off picks, short enough to follow a change of topic.
+# Chosen by replaying the demo model's real routing (tools/demo/routing.py; half-lives of 0.25 to 64 ×
+# slots tried): 4 × slots did best at 8 and 12 of 16 experts per layer cached. Where the cache holds little
+# more than one token's experts, LRU stays ahead (evaluation.json records both).
 DEFAULT_HALF_LIFE_SLOTS = 4.0  # × the cache's slots, in uses
+LRU_HALF_LIFE = 1.0  # one newer use outweighs all older ones: exactly LRU, to compare with
 
 
 class DecayedUseEviction:

@@ -122,13 +122,16 @@ def test_step_stats_carry_the_share_of_each_layers_experts_in_the_cache(tiny_gpt
     server = EngineServer(events.append, lambda: False)
     server.handle(LoadModel(str(tiny_gpt_oss), context=CONTEXT, gpu_budget=budget_for_slots(tiny_gpt_oss, 3)))
     server.handle(Generate(1, max_new_tokens=8, token_ids=[5, 6, 7, 8]))
-    while server.busy:
-        server.step()
     cache = server.session.loaded.model.experts
+    resident = set()  # what the cache held when the last StepStats was sent (the final step sends none)
+    while server.busy:
+        reported = len(events)
+        server.step()
+        if any(isinstance(e, StepStats) for e in events[reported:]):
+            resident = cache.resident()
     assert cache.num_slots == 3 and len(cache.store.layers) > 1
     stats = [e for e in events if isinstance(e, StepStats)]
     assert stats and all(len(s.residency) == len(cache.store.layers) for s in stats)
-    resident = cache.resident()
     expected = [sum(1 for layer, _ in resident if layer == moe_layer) / cache.store.num_experts
                 for moe_layer in cache.store.layers]
     assert stats[-1].residency == expected and sum(expected) * cache.store.num_experts == 3

@@ -16,6 +16,7 @@ def write_card(folder: Path) -> Path:
     c, d = target["config"], drafter["config"]
     routing = evaluation["routing"]
     mean = routing["mean_over_layers"]
+    engine = routing["engine_cache_hit_rate"]
     lines = [
         "# MoE Chat demo model: `demo-gpt-oss` + `demo-gpt-oss-dflash`",
         "",
@@ -89,10 +90,14 @@ def write_card(folder: Path) -> Path:
         f"{mean['largest_share_times_experts']}× its uniform share, normalised entropy "
         f"{mean['normalised_entropy']}, the top quarter of experts takes {mean['top_quarter_share']:.0%} of picks; "
         f"a token reuses {mean['reuse_with_previous_token']:.0%} of the previous token's experts (uniform: "
-        f"{routing['uniform_reuse']:.0%}). One layer's LRU cache of 4 / 8 / 12 experts hits "
-        + " / ".join(f"{rate:.0%}" for rate in mean["lru_hit_rate"].values())
-        + " of picks; the planner's uniform-routing model predicts "
-        + " / ".join(f"{rate:.0%}" for rate in routing["planner_uniform_hit_rate"].values()) + ".",
+        f"{routing['uniform_reuse']:.0%}). The engine's expert cache of "
+        + " / ".join(routing["cache_hit_rate"]["lru"]) + " experts per layer (shared by the layers), replayed "
+        f"over these picks, hits {_rates(routing['cache_hit_rate'])} (its eviction policy: "
+        f"{routing['cache_hit_rate']['policy']}); the planner's uniform-routing model predicts "
+        + " / ".join(f"{rate:.0%}" for rate in routing["planner_uniform_hit_rate"].values()) + ". While the "
+        f"engine itself answers {engine['prompts']} held-out prompts ({engine['max_new_tokens']} tokens each, "
+        f"prefill and decode) it hits {_rates(engine)}. The planner reads the policy's replayed rates "
+        "(`demo-gpt-oss/routing.json`).",
         "",
         "Files: `training.json` (settings and counts as run), `evaluation.json` (the measurements above, per "
         "layer), `bench/results/demo-model-*.json` (engine runs).",
@@ -100,6 +105,12 @@ def write_card(folder: Path) -> Path:
     path = folder / "README.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _rates(measured: dict) -> str:
+    """"policy / … against LRU's lru / …" as percentages with one decimal (the differences are small)."""
+    ours = " / ".join(f"{rate:.1%}" for rate in measured["engine_policy"].values())
+    return f"{ours} against LRU's " + " / ".join(f"{rate:.1%}" for rate in measured["lru"].values())
 
 
 def _bench_rows() -> list[str]:

@@ -5,16 +5,21 @@ for every token of some chats, and what that means for an expert cache.
   normalised entropy (1.0 when uniform), the share of the most popular quarter of the experts;
 - reuse: the fraction of a token's k experts that the previous token of the same chat also used, against
   k / E for independent uniform routing;
-- LRU hit rate of one layer's cache of `slots` experts replayed over the picks, against what the
+- hit rates of the engine's `ExpertCache` of `slots` experts per layer (slots × layers in all, shared by
+  the layers as in the engine) replayed over the picks token by token, chats one after another, under
+  plain LRU and under the engine's eviction policy (app/engine/cache_policy.py), against what the
   planner's uniform-routing model (`app.plan.expert_hit_rate`) predicts for the same slots.
 """
 
 import math
-from collections import OrderedDict
 
 import torch
 
+from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, LRU_HALF_LIFE, DecayedUseEviction
+from app.engine.experts import ExpertCache, ExpertStore
 from app.plan import expert_hit_rate
+
+ENGINE_POLICY = f"decayed use (app/engine/cache_policy.py), half-life {DEFAULT_HALF_LIFE_SLOTS:g} × slots"
 
 
 @torch.no_grad()
@@ -50,17 +55,19 @@ def routing_statistics(picks: list[list[torch.Tensor]], experts: int, slot_count
             "normalised_entropy": round(entropy, 4),
             "top_quarter_share": round(shares.sort(descending=True).values[: max(1, experts // 4)].sum().item(), 4),
             "reuse_with_previous_token": round(reused / (pairs * top_k), 4),
-            "lru_hit_rate": {slots: round(_lru_hit_rate(chosen, slots), 4) for slots in slot_counts},
         })
     mean = {key: round(sum(layer[key] for layer in per_layer) / layers, 4)
             for key in ("largest_share_times_experts", "normalised_entropy", "top_quarter_share",
                         "reuse_with_previous_token")}
-    mean["lru_hit_rate"] = {slots: round(sum(layer["lru_hit_rate"][slots] for layer in per_layer) / layers, 4)
-                            for slots in slot_counts}
     return {
         "tokens": sum(len(chat[0]) for chat in picks), "experts": experts, "top_k": top_k,
         "uniform_reuse": top_k / experts,
         "planner_uniform_hit_rate": {slots: round(expert_hit_rate(slots, experts, top_k), 4) for slots in slot_counts},
+        "cache_hit_rate": {
+            "policy": ENGINE_POLICY,
+            "lru": {slots: round(replayed_hit_rate(picks, experts, slots, lru=True), 4) for slots in slot_counts},
+            "engine_policy": {slots: round(replayed_hit_rate(picks, experts, slots), 4) for slots in slot_counts},
+        },
         "mean_over_layers": mean, "per_layer": per_layer,
     }
 
@@ -70,19 +77,18 @@ def _shared(rows: torch.Tensor, previous: torch.Tensor) -> int:
     return int((rows[:, :, None] == previous[:, None, :]).any(-1).sum())
 
 
-def _lru_hit_rate(chats: list[torch.Tensor], slots: int) -> float:
-    """One layer's cache, cold at the start of each chat; every pick is a use (a hit if cached)."""
-    hits = uses = 0
-    for rows in chats:
-        cache: OrderedDict[int, None] = OrderedDict()
-        for row in rows.tolist():
-            for expert in row:
-                uses += 1
-                if expert in cache:
-                    hits += 1
-                    cache.move_to_end(expert)
-                else:
-                    cache[expert] = None
-                    if len(cache) > slots:
-                        cache.popitem(last=False)
-    return hits / uses
+def replayed_hit_rate(picks: list[list[torch.Tensor]], experts: int, slots: int, lru: bool = False) -> float:
+    """The picks of every token, layer by layer, through an `ExpertCache` of `slots` × layers slots
+    (one-byte experts on the CPU), warm from one chat to the next; every pick is a use."""
+    layers = tuple(range(len(picks[0])))
+    store = ExpertStore(lambda _layer, _expert: {"id": torch.zeros(1, dtype=torch.uint8)}, layers, experts,
+                        host_experts=len(layers) * experts, pin=False)
+    cache = ExpertCache(store, slots * len(layers), torch.device("cpu"))
+    if lru:
+        cache.eviction = DecayedUseEviction(LRU_HALF_LIFE)
+    for chat in picks:
+        rows = [layer.tolist() for layer in chat]
+        for token in range(len(rows[0])):
+            for layer in layers:
+                cache.ensure(layer, sorted(rows[layer][token]))
+    return cache.stats.hits / (cache.stats.hits + cache.stats.misses)
