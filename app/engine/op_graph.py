@@ -6,6 +6,8 @@ the step cannot be one graph (routing decides the copies on the host), but the o
 
 import torch
 
+from app.engine.cuda_graph import side_stream
+
 
 class SingleTokenGraph:
     """`op(hidden, arenas, slots, weights)` for hidden [1, H], slots/weights [1, k]. The result is
@@ -14,7 +16,7 @@ class SingleTokenGraph:
     def __init__(self, op, arenas: dict[str, torch.Tensor], hidden: torch.Tensor, slots: torch.Tensor,
                  weights: torch.Tensor):
         self.hidden, self.slots, self.weights = hidden.clone(), slots.clone(), weights.clone()
-        side = torch.cuda.Stream(hidden.device)
+        side = side_stream(hidden.device)
         side.wait_stream(torch.cuda.current_stream(hidden.device))
         with torch.cuda.stream(side):
             op(self.hidden, arenas, self.slots, self.weights)  # compiles and warms up outside the capture
