@@ -2,6 +2,7 @@
 (how often each draft position is kept, what steps cost, how many experts they copied) turned into the
 inputs of `policy.choose_block_size`."""
 
+import math
 from collections import Counter
 
 import numpy as np
@@ -13,10 +14,13 @@ from app.plan import Hardware
 FADE = 0.95  # weight of the past per new observation: acceptance and cache state move with the text
 PRIOR_ACCEPTANCE = 0.5  # for the first draft position before any verify; later positions start at the one before
 PRIOR_WEIGHT = 2.0  # observations' worth of the prior
-PROBE_AFTER = 32  # plain steps in a row, then one block of 2 checks whether drafting pays again (the wait
-                  # doubles after every probe that changes nothing)
+PROBE_AFTER = 32  # plain steps in a row, at least, then one block of 2 checks whether drafting pays again
+                  # (the wait doubles after every probe that changes nothing)
+PROBE_SHARE = 0.02  # a probe's extra cost over a plain step, as a share of the plain steps it waits for
 RECHECK_EVERY = 8  # plain steps in a row between two looks at the policy
 FETCH_BANDWIDTH = {"cuda": Hardware().link_bps, "cpu": 10e9}  # bytes/s before steps are timed; on CPU a memcpy
+WARMED_UP: set[int] = set()  # block sizes some step of this process ran: their kernels are compiled, their
+                             # libraries' workspaces allocated, so a later first step of that size is timed
 
 
 class AcceptanceRates:
@@ -72,13 +76,15 @@ class StepCostFit:
 
 class BlockSizer:
     """`choose(room)` before a step, `record(...)` after it. The first steps verify two positions, then
-    come plain steps, so both kinds of step are timed before the policy decides. The
-    first step of each block size is not timed: it pays for compiling kernels and allocating buffers
-    that later steps of that size reuse, and would make that size look slower than it is. In a
-    streak of plain steps the decision is looked at again every `RECHECK_EVERY` steps only, so that
-    not speculating costs next to nothing over plain decoding."""
+    come plain steps, so both kinds of step are timed before the policy decides. The first step of a block
+    size in this process (`warmed_up`) is not timed: it pays for compiling kernels and allocating buffers
+    that later steps of that size reuse, and would make that size look slower than it is. In a streak of
+    plain steps the decision is looked at again every `RECHECK_EVERY` steps only, and a probe comes only
+    after enough plain steps that its extra cost stays near `PROBE_SHARE` of theirs, so that not
+    speculating costs next to nothing over plain decoding."""
 
-    def __init__(self, experts: ExpertCache, top_k: int, max_block: int, fetch_bandwidth: float | None = None):
+    def __init__(self, experts: ExpertCache, top_k: int, max_block: int, fetch_bandwidth: float | None = None,
+                 warmed_up: set[int] = WARMED_UP):
         self.experts = experts
         self.top_k = top_k
         self.acceptance = AcceptanceRates(max_block - 1)
@@ -86,9 +92,10 @@ class BlockSizer:
         self.costs = StepCostFit(experts.store.expert_bytes / bandwidth, top_k * len(experts.store.layers))
         self.locality = 1.0
         self.timed = Counter()  # steps whose time was fitted, by "single" / "verify"
-        self.sizes_run: set[int] = set()
+        self.warmed_up = warmed_up
         self.plain_streak = 0
         self.probe_after = PROBE_AFTER
+        self.probes = 0  # probes since the policy last chose to draft
         self.policy_said_plain = False
         self._uniform_fetches: list[float] | None = None
 
@@ -105,22 +112,25 @@ class BlockSizer:
         if not self.timed["single"]:
             return 1
         if self.plain_streak >= self.probe_after:
-            self.probe_after *= 2
+            self.probes += 1
             return 2
         fetches = [self.locality * f for f in self._uniform_fetches]
-        size = choose_block_size(self.acceptance.rates(), fetches, self.costs.costs())
+        costs = self.costs.costs()
+        size = choose_block_size(self.acceptance.rates(), fetches, costs)
         self.policy_said_plain = size == 1
-        if size > 1:
-            self.probe_after = PROBE_AFTER
+        if size == 1:
+            self.probe_after = _probe_gap(costs, fetches) * 2**self.probes
+        else:
+            self.probes = 0
         return size
 
     def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
         """What the step chosen last did: drafts kept, wall time, experts copied to the device."""
         self.acceptance.record(block_size, accepted)
-        if block_size in self.sizes_run:
+        if block_size in self.warmed_up:
             self.costs.add(block_size, fetched, seconds)
             self.timed["single" if block_size == 1 else "verify"] += 1
-        self.sizes_run.add(block_size)
+        self.warmed_up.add(block_size)
         self.plain_streak = self.plain_streak + 1 if block_size == 1 else 0
         predicted = self._uniform_fetches[block_size - 1] if self._uniform_fetches else 0.0
         if predicted > 0:
@@ -134,3 +144,10 @@ class BlockSizer:
         resident = Counter(layer for layer, _ in self.experts.resident())
         missing = [store.num_experts - resident[layer] for layer in store.layers]
         return expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)
+
+
+def _probe_gap(costs: StepCosts, fetches: list[float]) -> int:
+    """Plain steps before a probe (a block of 2) such that its extra cost is `PROBE_SHARE` of theirs."""
+    plain = max(costs.step_seconds(1, fetches[0]), 1e-9)
+    extra = costs.step_seconds(2, fetches[1]) - plain
+    return max(PROBE_AFTER, math.ceil(extra / plain / PROBE_SHARE))

@@ -53,34 +53,32 @@ def test_the_room_left_caps_the_block():
 
 
 def test_the_sizer_times_both_kinds_of_step_then_follows_what_it_measured(offloaded_target):
-    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6)
+    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6, warmed_up=set())
     for first in (2, 2, 1, 1):  # the cheapest verify, then plain steps; the first of each size warms up
         assert sizer.choose(6) == first
-        sizer.record(first, accepted=first - 1, seconds=1.0 if first not in sizer.sizes_run else 0.010, fetched=0)
+        sizer.record(first, accepted=first - 1, seconds=1.0 if first not in sizer.warmed_up else 0.010, fetched=0)
     for _ in range(10):  # every draft kept, a verify costs what a plain step costs: the longest block
         assert sizer.choose(6) == 6
         sizer.record(6, accepted=5, seconds=0.010, fetched=0)
     assert sizer.choose(3) == 3  # but no more than the room left
 
 
-def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(offloaded_target):
-    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6)
-    for first in (2, 2, 1, 1):
-        assert sizer.choose(6) == first
-        sizer.record(first, accepted=0, seconds=0.010 if first == 1 else 0.020, fetched=0)
-    for _ in range(20):
+@pytest.mark.parametrize("verify_s, gap", [(0.015, PROBE_AFTER), (0.020, 50)])
+def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(verify_s, gap, offloaded_target):
+    """A probe waits for at least PROBE_AFTER plain steps, and for as many as make its extra cost
+    PROBE_SHARE of theirs (a verify twice a plain step: 1 / 0.02 = 50 steps); the next waits twice as long."""
+    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6, warmed_up={1, 2})
+
+    def step() -> int:
         size = sizer.choose(6)
-        sizer.record(size, accepted=0, seconds=0.010 if size == 1 else 0.020, fetched=0)
-    choices = []
-    for _ in range(PROBE_AFTER + 1):
-        choices.append(sizer.choose(6))
-        sizer.record(choices[-1], accepted=0, seconds=0.010 if choices[-1] == 1 else 0.020, fetched=0)
-    assert choices.count(1) == PROBE_AFTER and choices.count(2) == 1  # one probe after a streak of plain steps
-    later = []
-    for _ in range(2 * PROBE_AFTER + 1):
-        later.append(sizer.choose(6))
-        sizer.record(later[-1], accepted=0, seconds=0.010 if later[-1] == 1 else 0.020, fetched=0)
-    assert later.count(2) == 1  # the next one waits twice as long
+        sizer.record(size, accepted=0, seconds=0.010 if size == 1 else verify_s, fetched=0)
+        return size
+
+    assert [step() for _ in range(3)] == [2, 1, 1]  # warm sizes: one step of each kind is timed at once
+    choices = [step() for _ in range(gap - 2 + 1)]
+    assert choices.count(2) == 1 and choices[-1] == 2  # one probe after a streak of plain steps
+    later = [step() for _ in range(2 * gap + 1)]
+    assert later.count(2) == 1 and later[-1] == 2
 
 
 def test_the_sizer_learns_the_cost_of_fetching_experts(offloaded_target):
