@@ -49,13 +49,15 @@ def speculative_generate(
         emitted = 1
         yield Tokens([token])
         reason = stop_reason(token, emitted, max_new_tokens, stop_ids, cache.length, cache.capacity)
+        step_end = experts.snapshot()  # nothing touches the cache between two steps: one read per step
         while reason is None:
             room = min(max_new_tokens - emitted, cache.capacity - cache.length, drafter.block_size)
             size = min(block_size, room) if block_size else sizer.choose(room)
-            step_before, step_started = experts.snapshot(), time.perf_counter()
+            step_before, step_started = step_end, time.perf_counter()
             tokens, kept = speculator.step(token, size)
             seconds = time.perf_counter() - step_started
-            step = experts.snapshot().since(step_before)
+            step_end = experts.snapshot()
+            step = step_end.since(step_before)
             if sizer:
                 sizer.record(size, kept, seconds, step.bytes_fetched / experts.store.expert_bytes)
             block_sizes.append(size)
