@@ -4,6 +4,7 @@ that the desktop app never loads torch in its own process."""
 import argparse
 import json
 import sys
+from dataclasses import asdict
 
 from app.engine.spec.options import METHODS as SPEC_METHODS
 from app.errors import UserError
@@ -194,7 +195,7 @@ def _run_plan(args) -> int:
     if args.json:
         print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,
                           "total_experts": facts.total_experts, "prediction": prediction.as_dict(),
-                          "hardware": hardware.__dict__,
+                          "hardware": asdict(hardware),
                           "gpus": [{"expert_slots": g.expert_slots, "device_bytes": g.device_bytes} for g in gpus]}))
         return 0
     per_gpu = [(f"GPU {index}: {gpu.expert_slots} expert slots", format_size(gpu.device_bytes))

@@ -217,6 +217,21 @@ PCIE_BPS = {3: 12e9, 4: 25e9, 5: 55e9}
 CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H200": 4.8e12}
 
 
+# Model types whose offloaded decode step is a CUDA graph per layer (app/engine/segmented_decode.py); the
+# others run that step eagerly.
+SEGMENTED_MODEL_TYPES = frozenset({"gpt_oss"})
+
+
+@dataclass(frozen=True)
+class LayerOverheads:
+    """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
+    issuing the copies. Measured on an H200 host (bench/NOTES.md, 2026-11-29: gpt-oss-20b and -120b)."""
+
+    graph_s: float = 0.21e-3  # every expert resident: the step is one CUDA graph
+    segmented_s: float = 0.37e-3  # experts offloaded, a graph per layer around the host's expert work
+    eager_s: float = 1.6e-3  # experts offloaded, layers run eagerly (GLM-4.5-Air-FP8)
+
+
 @dataclass(frozen=True)
 class Hardware:
     """The rates a decode step divides by; the defaults are an RTX 4090 on PCIe Gen4 x16."""
@@ -225,12 +240,14 @@ class Hardware:
     memory_bps: float = CARD_MEMORY_BPS["RTX 4090"]  # device memory bandwidth
     flops: float = 165e12  # dense bf16 tensor throughput
     disk_bps: float = 3e9  # experts past the RAM budget, read from the checkpoint (NVMe)
+    overheads: LayerOverheads = LayerOverheads()
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """One decode token's cost: device time (weights read, or compute) and expert copies. Copies can
-    overlap the device work, so no overlap gives the low speed and full overlap the high one."""
+    """One decode token's cost: device time (weights read, or compute), expert copies and the engine's
+    per-layer work around them. Copies can overlap the device work, so no overlap gives the low speed and
+    full overlap the high one."""
 
     hit_rate: float
     measured_routing: bool  # the hit rate comes from the model's measured routing, not the uniform bound
@@ -239,6 +256,7 @@ class Prediction:
     memory_s: float
     compute_s: float
     copy_s: float
+    overhead_s: float  # launches and host work, per token
 
     @property
     def device_s(self) -> float:
@@ -246,15 +264,17 @@ class Prediction:
 
     @property
     def tok_s_low(self) -> float:
-        return 1 / (self.device_s + self.copy_s)
+        return 1 / (self.device_s + self.copy_s + self.overhead_s)
 
     @property
     def tok_s_high(self) -> float:
-        return 1 / max(self.device_s, self.copy_s)
+        return 1 / (max(self.device_s, self.copy_s) + self.overhead_s)
 
     @property
     def bound(self) -> str:
-        """What limits the speed: "PCIe" (or "disk"), "memory bandwidth" or "compute"."""
+        """What limits the speed: "PCIe" (or "disk"), "memory bandwidth", "compute" or "per-layer overhead"."""
+        if self.overhead_s > max(self.copy_s, self.device_s):
+            return "per-layer overhead"
         if self.copy_s > self.device_s:
             return "disk" if self.disk_bytes_per_token * 2 > self.fetched_bytes_per_token else "PCIe"
         return "memory bandwidth" if self.memory_s >= self.compute_s else "compute"
@@ -296,6 +316,11 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     embedding = facts.vocab_size * facts.hidden_size  # looked up one row at a time, not read
     weights_read = facts.resident_bytes(dtype_bytes) - embedding * dtype_bytes + facts.expert_bytes_per_token
     multiply_adds = facts.resident_weights - embedding + uses_per_token * facts.expert_weights
+    overheads = hardware.overheads
+    if placement.expert_slots >= facts.total_experts:
+        per_layer = overheads.graph_s
+    else:
+        per_layer = overheads.segmented_s if facts.model_type in SEGMENTED_MODEL_TYPES else overheads.eager_s
     return Prediction(
         hit_rate=hit_rate,
         measured_routing=bool(facts.measured_hit_rates),
@@ -304,4 +329,5 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
         memory_s=weights_read / hardware.memory_bps,
         compute_s=2 * multiply_adds / hardware.flops,
         copy_s=fetched / hardware.link_bps + from_disk / hardware.disk_bps,
+        overhead_s=facts.num_layers * per_layer,
     )
