@@ -53,6 +53,11 @@ def machine() -> dict:
             "cpu_count": os.cpu_count()}
 
 
+def cpu_machine() -> dict:
+    return {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
+
+
 def copy_bandwidths(on: str = "cuda") -> dict:
     """Pinned host -> device copies in expert-sized chunks, and a device copy. On a CPU (a pipeline check) both
     are RAM copies, of a smaller size."""

@@ -23,8 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.engine.cache_policy import LRU_HALF_LIFE, DecayedUseEviction  # noqa: E402
-from app.engine.experts import ExpertCache, ExpertStore  # noqa: E402
+from tools.demo.routing import bookkeeping_cache  # noqa: E402
 
 LAYERS, EXPERTS, TOP_K = 36, 128, 4
 
@@ -49,11 +48,7 @@ def synthetic_routing(tokens: int, seed: int = 0) -> list[list[list[int]]]:
 
 
 def timed(routing, slots: int, lru: bool) -> dict:
-    store = ExpertStore(lambda _l, _e: {"id": torch.zeros(1, dtype=torch.uint8)}, tuple(range(LAYERS)), EXPERTS,
-                        LAYERS * EXPERTS, pin=False)
-    cache = ExpertCache(store, slots, torch.device("cpu"))
-    if lru:
-        cache.eviction = DecayedUseEviction(LRU_HALF_LIFE)
+    cache = bookkeeping_cache(LAYERS, EXPERTS, slots, lru)
     started = time.perf_counter()
     for token in routing:
         for layer, experts in enumerate(token):
@@ -62,7 +57,7 @@ def timed(routing, slots: int, lru: bool) -> dict:
     calls = len(routing) * LAYERS
     return {"slots": slots, "policy": "lru" if lru else "engine", "us_per_ensure": round(seconds / calls * 1e6, 2),
             "ms_per_token": round(seconds / len(routing) * 1e3, 3),
-            "hit_rate": round(cache.stats.hits / (cache.stats.hits + cache.stats.misses), 4)}
+            "hit_rate": round(cache.stats.hit_rate, 4)}
 
 
 def main() -> None:

@@ -21,8 +21,6 @@ them. `--blocks ""` runs the cost-aware policy and spec off only.
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -41,7 +39,7 @@ from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
-from bench.decode_gpt_oss import REAL_SIZES, SHAPES, copy_bandwidths, expert_budget, machine
+from bench.decode_gpt_oss import REAL_SIZES, SHAPES, copy_bandwidths, cpu_machine, expert_budget, machine
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
 from tests.fixtures.tiny_dflash import write_tiny_dflash
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
@@ -198,11 +196,6 @@ def verdicts(runs: list[dict]) -> list[dict]:
                 "all_tokens_match": all(e["tokens_match"] for e in entries),
             })
     return rows
-
-
-def cpu_machine() -> dict:
-    return {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
-            "python": platform.python_version(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()}
 
 
 def numbers(text: str, kind=float) -> list:

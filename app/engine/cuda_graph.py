@@ -24,18 +24,19 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return torch.cuda.Stream(device)
 
 
-def warm_up(run: Callable[[], object], cache: KVCache) -> None:
-    """Run a pass to be captured twice on a side stream (kernels compile, libraries allocate their
-    workspaces outside the capture), then rewind the cache to its committed rows: rows past them are not
-    part of the context yet, so warm-up and capture may write them."""
-    committed = cache.length
-    side = side_stream(cache.device)
-    side.wait_stream(torch.cuda.current_stream(cache.device))
+def warm_up(run: Callable[[], object], device: torch.device, cache: KVCache | None = None) -> None:
+    """Run what is to be captured twice on the side stream (kernels compile, libraries allocate their
+    workspaces outside the capture). A pass over `cache` is rewound to its committed rows after each run:
+    rows past them are not part of the context yet, so warm-up and capture may write them."""
+    committed = cache.length if cache is not None else 0
+    side = side_stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
         for _ in range(2):
             run()
-            cache.truncate(committed)
-    torch.cuda.current_stream(cache.device).wait_stream(side)
+            if cache is not None:
+                cache.truncate(committed)
+    torch.cuda.current_stream(device).wait_stream(side)
 
 
 class PassGraph:
@@ -53,7 +54,7 @@ class PassGraph:
         self.positions = self.offsets + cache.length
         cache.static_positions = self.positions
         committed = cache.length
-        warm_up(lambda: run(self.inputs), cache)
+        warm_up(lambda: run(self.inputs), cache.device, cache)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
             self.output = run(self.inputs)

@@ -75,6 +75,10 @@ class CacheStats:
     predicted_used: int = 0  # of those, experts the layer really used
     used_after_prediction: int = 0  # experts used by layers that had a prediction
 
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / (self.hits + self.misses)
+
     def since(self, earlier: "CacheStats") -> "CacheStats":
         return CacheStats(**{name: value - getattr(earlier, name) for name, value in self.__dict__.items()})
 

@@ -6,7 +6,7 @@ the step cannot be one graph (routing decides the copies on the host), but the o
 
 import torch
 
-from app.engine.cuda_graph import side_stream
+from app.engine.cuda_graph import warm_up
 
 
 class SingleTokenGraph:
@@ -16,11 +16,7 @@ class SingleTokenGraph:
     def __init__(self, op, arenas: dict[str, torch.Tensor], hidden: torch.Tensor, slots: torch.Tensor,
                  weights: torch.Tensor):
         self.hidden, self.slots, self.weights = hidden.clone(), slots.clone(), weights.clone()
-        side = side_stream(hidden.device)
-        side.wait_stream(torch.cuda.current_stream(hidden.device))
-        with torch.cuda.stream(side):
-            op(self.hidden, arenas, self.slots, self.weights)  # compiles and warms up outside the capture
-        torch.cuda.current_stream(hidden.device).wait_stream(side)
+        warm_up(lambda: op(self.hidden, arenas, self.slots, self.weights), hidden.device)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self.out = op(self.hidden, arenas, self.slots, self.weights)

@@ -88,7 +88,7 @@ class SegmentedDecode:
         always replay one after another in the order captured, and every tensor a later segment or the host
         reads stays referenced here, so a segment only reuses memory that earlier ones no longer need."""
         with self._static_positions():
-            warm_up(lambda: [segment() for segment in segments], self.cache)
+            warm_up(lambda: [segment() for segment in segments], self.cache.device, self.cache)
             pool = torch.cuda.graph_pool_handle()
             graphs = []
             for segment in segments:

@@ -39,5 +39,4 @@ def _hit_rate(folder, prompts, new_tokens: int, slots: int, lru: bool) -> float:
         for _ in generate(model, model.new_kv_cache(len(prompt) + new_tokens), prompt,
                           Sampler(SamplingParams(), torch.device("cpu")), new_tokens, STOP_IDS):
             pass
-    stats = cache.snapshot()
-    return stats.hits / (stats.hits + stats.misses)
+    return cache.snapshot().hit_rate

@@ -77,18 +77,25 @@ def _shared(rows: torch.Tensor, previous: torch.Tensor) -> int:
     return int((rows[:, :, None] == previous[:, None, :]).any(-1).sum())
 
 
-def replayed_hit_rate(picks: list[list[torch.Tensor]], experts: int, slots: int, lru: bool = False) -> float:
-    """The picks of every token, layer by layer, through an `ExpertCache` of `slots` × layers slots
-    (one-byte experts on the CPU), warm from one chat to the next; every pick is a use."""
-    layers = tuple(range(len(picks[0])))
-    store = ExpertStore(lambda _layer, _expert: {"id": torch.zeros(1, dtype=torch.uint8)}, layers, experts,
-                        host_experts=len(layers) * experts, pin=False)
-    cache = ExpertCache(store, slots * len(layers), torch.device("cpu"))
+def bookkeeping_cache(layers: int, experts: int, slots: int, lru: bool = False) -> ExpertCache:
+    """An `ExpertCache` of `slots` slots over one-byte experts on the CPU: the engine's hits, misses and
+    eviction bookkeeping with nothing worth copying; under plain LRU instead of its own policy if `lru`."""
+    store = ExpertStore(lambda _layer, _expert: {"id": torch.zeros(1, dtype=torch.uint8)}, tuple(range(layers)),
+                        experts, host_experts=layers * experts, pin=False)
+    cache = ExpertCache(store, slots, torch.device("cpu"))
     if lru:
         cache.eviction = DecayedUseEviction(LRU_HALF_LIFE)
+    return cache
+
+
+def replayed_hit_rate(picks: list[list[torch.Tensor]], experts: int, slots: int, lru: bool = False) -> float:
+    """The picks of every token, layer by layer, through an `ExpertCache` of `slots` × layers slots,
+    warm from one chat to the next; every pick is a use."""
+    layers = len(picks[0])
+    cache = bookkeeping_cache(layers, experts, slots * layers, lru)
     for chat in picks:
         rows = [layer.tolist() for layer in chat]
         for token in range(len(rows[0])):
-            for layer in layers:
+            for layer in range(layers):
                 cache.ensure(layer, sorted(rows[layer][token]))
-    return cache.stats.hits / (cache.stats.hits + cache.stats.misses)
+    return cache.stats.hit_rate
