@@ -1,0 +1,94 @@
+"""The Triton kernel of fp8_linear.py: x [T, in] @ dequant(weight [out, in]).T, split-K at decode."""
+
+import torch
+import triton
+import triton.language as tl
+
+from app.kernels.expert_tiles import INTERPRETED, Tiles
+from app.kernels.fp8_linear import pick_tiles
+from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _row_pointers
+
+
+def run_fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int] | None = None,
+    tiles: tuple[int, Tiles, int] | None = None,
+) -> torch.Tensor:
+    tokens, in_features = x.shape
+    out_features = weight.shape[0]
+    assert weight.dtype == torch.float8_e4m3fn and weight.shape == (out_features, in_features), weight.shape
+    assert weight.is_contiguous() and scale.is_contiguous(), "an FP8 weight and its scale must be contiguous"
+    if block is None:
+        assert scale.shape == (out_features, 1), f"a per-channel scale is [out, 1], not {list(scale.shape)}"
+        projection = Projection(weight, scale, PER_CHANNEL)
+    else:
+        assert block[1] % 16 == 0, "a step of 16 or more inputs must stay inside one block column"
+        expected = (triton.cdiv(out_features, block[0]), triton.cdiv(in_features, block[1]))
+        assert scale.shape == expected, f"block scales are {list(expected)}, not {list(scale.shape)}"
+        projection = Projection(weight, scale, PER_BLOCK, block)
+    x = x.contiguous()
+    if tiles is None:
+        sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
+        tiles = pick_tiles(tokens, out_features, in_features, sm_count)
+    block_m, weight_tiles, split = tiles
+    step = projection.step(weight_tiles)
+    # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
+    steps = triton.cdiv(in_features, step)
+    per_split = triton.cdiv(steps, split) * step
+    split = triton.cdiv(in_features, per_split)
+    if split == 1:
+        out = torch.empty((tokens, out_features), dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty((split, tokens, out_features), dtype=torch.float32, device=x.device)
+    grid = (triton.cdiv(out_features, weight_tiles.features), triton.cdiv(tokens, block_m), split)
+    _fp8_linear_kernel[grid](
+        x, weight, scale, out, tokens, out_features, in_features, per_split,
+        **projection.constants(half=x.dtype != torch.float32),
+        F32_INPUTS=x.dtype == torch.float32, UPCAST=INTERPRETED,
+        BLOCK_M=block_m, BLOCK_N=weight_tiles.features, BLOCK_K=step,
+        num_warps=weight_tiles.warps, num_stages=weight_tiles.stages,
+    )
+    return out if split == 1 else out.sum(dim=0).to(x.dtype)
+
+
+@triton.jit
+def _fp8_linear_kernel(
+    x_ptr, weight_ptr, scale_ptr, out_ptr, tokens, n_size, k_size, k_per_split,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (row tile, token tile, split): W[rows, split's inputs] @ x[tokens, split's inputs]^T into
+    out[split, tokens, rows] (out is [tokens, rows] in x's dtype when there is one split)."""
+    features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # token rows of x
+    split = tl.program_id(2)
+    row_ok, used = features < n_size, rows < tokens
+    w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, 0, features, n_size, k_size, SCALES, SCALE_ROWS, SCALE_COLS)
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, k_size)
+    depth = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows[None, :].to(tl.int64) * k_size + k_begin + depth[:, None]  # [BLOCK_K, BLOCK_M]
+    w_ptrs = w_rows[:, None] + k_begin + depth[None, :]  # [BLOCK_N, BLOCK_K]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_end - k0), other=0.0)
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
+        if UPCAST:
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        elif HALF:  # as in the expert kernels: e4m3 -> f16 is one instruction per pair; f16 x saturates
+            w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        if SCALES == 2:
+            block_scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)
+            products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
+            acc += products * block_scale[:, None]
+        else:
+            acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if SCALES == 1:
+        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    out_ptrs = out_ptr + (split * tokens + rows[None, :]).to(tl.int64) * n_size + features[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=used[None, :] & row_ok[:, None])

@@ -1,0 +1,72 @@
+"""The Triton FP8 linear kernel against its torch reference, in Triton's interpreter (see conftest.py)."""
+
+import pytest
+import torch
+
+from app.kernels.expert_tiles import Tiles
+from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch, pick_tiles
+from tests.fixtures.tiny_glm import dequantize_reference, quantize_fp8
+from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_gpt_oss_experts import relative_error
+
+FORMATS = {"per-channel": None, "block128": (128, 128), "block32": (32, 32)}
+PREFILL = (64, Tiles(128, 64), 1)
+
+
+def random_fp8_linear(out: int, inputs: int, fmt: str, generator: torch.Generator):
+    master = torch.randn(out, inputs, generator=generator) / inputs**0.5
+    block = FORMATS[fmt]
+    return quantize_fp8(master, list(block) if block else None)
+
+
+# decode, a verify block and a prefill chunk; features and inputs that are not multiples of the tiles or of the
+# scale blocks (partial blocks, K and feature tails); split-K forced in with tiles of 32 inputs
+GRID = [
+    (1, 40, 200, "per-channel", None),
+    (1, 40, 200, "block128", None),
+    (3, 72, 96, "block32", None),
+    (16, 40, 200, "block128", (16, Tiles(32, 32), 3)),
+    (5, 33, 160, "per-channel", (16, Tiles(16, 32), 4)),
+    (40, 136, 80, "block32", PREFILL),
+    (70, 50, 144, "per-channel", PREFILL),
+]
+
+
+@pytest.mark.parametrize(("tokens", "out", "inputs", "fmt", "tiles"), GRID)
+def test_kernel_matches_reference(tokens, out, inputs, fmt, tiles):
+    generator = torch.Generator().manual_seed(tokens * 1000 + out + inputs)
+    weight, scale = random_fp8_linear(out, inputs, fmt, generator)
+    x = torch.randn(tokens, inputs, generator=generator)
+    with poisoned_allocations():
+        y = fp8_linear(x, weight, scale, FORMATS[fmt], tiles)
+    ref = fp8_linear_torch(x, weight, scale, FORMATS[fmt])
+    assert y.shape == (tokens, out) and y.dtype == torch.float32
+    assert relative_error(y, ref) < 1e-5
+
+
+def test_reference_is_x_times_the_directly_dequantized_weight():
+    generator = torch.Generator().manual_seed(3)
+    for fmt, block in FORMATS.items():
+        weight, scale = random_fp8_linear(72, 96, fmt, generator)
+        x = torch.randn(4, 96, generator=generator)
+        expected = x @ dequantize_reference(weight, scale, list(block) if block else None).T
+        torch.testing.assert_close(fp8_linear_torch(x, weight, scale, block), expected)
+
+
+def test_bfloat16_inputs_give_bfloat16_close_to_float32():
+    generator = torch.Generator().manual_seed(7)
+    weight, scale = random_fp8_linear(48, 160, "block32", generator)
+    x = torch.randn(9, 160, generator=generator)
+    with poisoned_allocations():
+        y = fp8_linear(x.bfloat16(), weight, scale, (32, 32), (16, Tiles(16, 32), 2))
+    assert y.dtype == torch.bfloat16
+    assert relative_error(y, fp8_linear_torch(x, weight, scale, (32, 32))) < 1e-2
+
+
+def test_decode_splits_inputs_until_the_gpu_has_two_programs_per_sm():
+    # GLM-4.5-Air's o_proj at decode: 4096 rows make 128 row tiles, 132 SMs want 264 programs: 3 splits
+    assert pick_tiles(1, 4096, 12288, 132)[::2] == (16, 3)
+    # k_proj: 32 row tiles would want 9 splits, but 4096 inputs are 32 steps and a split reads at least 4
+    assert pick_tiles(1, 1024, 4096, 132)[2] == 8
+    assert pick_tiles(1, 12288, 4096, 132)[2] == 1  # q_proj has 384 row tiles already
+    assert pick_tiles(256, 1024, 4096, 132)[2] == 1  # prefill: no split
