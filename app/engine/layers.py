@@ -4,6 +4,8 @@ SiLU-gated MLP."""
 import torch
 import torch.nn.functional as F
 
+from app.engine.linear import Fp8Weight, linear
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Normalise in float32, scale, return in x's dtype (one fused kernel where torch has one)."""
@@ -51,9 +53,11 @@ def attend(
     return out.view(kv_heads, groups, length, -1).permute(2, 0, 1, 3).reshape(length, heads, -1)
 
 
-def silu_glu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+def silu_glu(
+    x: torch.Tensor, gate: torch.Tensor | Fp8Weight, up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
+) -> torch.Tensor:
     """The SiLU-gated MLP: x [T, in], gate/up [W, in], down [out, W] (rows are output features) -> [T, out]."""
-    return (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
 def finish_forward(model, x: torch.Tensor, outputs: dict, capture: tuple[int, ...], last_only: bool):
@@ -62,7 +66,7 @@ def finish_forward(model, x: torch.Tensor, outputs: dict, capture: tuple[int, ..
     x = rms_norm(x, model.final_norm, model.config.rms_norm_eps)
     if model.config.num_hidden_layers - 1 in capture:
         outputs[model.config.num_hidden_layers - 1] = x
-    logits = ((x[-1:] if last_only else x) @ model.lm_head.T).float()
+    logits = linear(x[-1:] if last_only else x, model.lm_head).float()
     if not capture:
         return logits
     return logits, torch.cat([outputs[index] for index in capture], dim=-1)

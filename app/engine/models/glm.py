@@ -18,6 +18,7 @@ from app.engine.checkpoint import Checkpoint
 from app.engine.experts import ExpertCache, ExpertTensors
 from app.engine.kv_cache import KVCache
 from app.engine.layers import causal_mask, finish_forward, rms_norm, silu_glu
+from app.engine.linear import Fp8Weight, load_linear
 from app.engine.models.glm_mtp import GlmMtp
 from app.engine.rope import Rotary
 from app.errors import UserError
@@ -231,9 +232,16 @@ class GlmModel:
     def tensor(self, name: str, shape: tuple[int, ...], float32: bool = False) -> torch.Tensor:
         return self.checkpoint.tensor(name, shape).to(self.device, torch.float32 if float32 else self.dtype)
 
-    def weight(self, module: str, shape: tuple[int, ...], float32: bool = False) -> torch.Tensor:
-        """A linear layer's weight [out, in], FP8 ones dequantized."""
-        return self.checkpoint.dequantized(module, shape, self.device, torch.float32 if float32 else self.dtype)
+    def weight(
+        self, module: str, shape: tuple[int, ...], float32: bool = False, dequantized: bool = False
+    ) -> torch.Tensor | Fp8Weight:
+        """A linear layer's weight [out, in] for `app.engine.linear.linear`: on a GPU FP8 ones stay FP8, unless
+        the caller needs a tensor (`float32`, or `dequantized`: a weight used otherwise than as x @ W.T)."""
+        dtype = torch.float32 if float32 else self.dtype
+        if float32 or dequantized:
+            return self.checkpoint.dequantized(module, shape, self.device, dtype)
+        stored = self.checkpoint.stored_weight(module, shape)
+        return load_linear(stored, self.checkpoint.folder.quantization.fp8_block, self.device, dtype)
 
     def new_kv_cache(self, capacity: int) -> KVCache:
         return self.kv_cache(capacity, list(range(self.config.num_hidden_layers)))

@@ -5,10 +5,10 @@ each head dim rotates by halves, the rest passes through)."""
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, rms_norm
+from app.engine.linear import Fp8Weight, linear
 from app.engine.models.glm import GlmConfig, GlmModel, Step
 from app.engine.rope import rotate_halves
 
@@ -43,7 +43,7 @@ class GroupedQueryAttention:
         self.eps = c.rms_norm_eps
         self.scale = head_dim**-0.5
 
-        def projection(name: str, out: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        def projection(name: str, out: int) -> tuple[torch.Tensor | Fp8Weight, torch.Tensor | None]:
             bias = model.tensor(prefix + name + ".bias", (out,)) if c.attention_bias else None
             return model.weight(prefix + name, (out, hidden)), bias
 
@@ -57,14 +57,14 @@ class GroupedQueryAttention:
         self.q_norm, self.k_norm = norm("q_norm.weight"), norm("k_norm.weight")
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        q = F.linear(x, self.q, self.q_bias).unflatten(-1, self.shape)
-        k = F.linear(x, self.k, self.k_bias).unflatten(-1, self.kv_shape)
-        v = F.linear(x, self.v, self.v_bias).unflatten(-1, self.kv_shape)
+        q = linear(x, self.q, self.q_bias).unflatten(-1, self.shape)
+        k = linear(x, self.k, self.k_bias).unflatten(-1, self.kv_shape)
+        v = linear(x, self.v, self.v_bias).unflatten(-1, self.kv_shape)
         if self.q_norm is not None:
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         q, k = rotate_halves(q, step.cos, step.sin), rotate_halves(k, step.cos, step.sin)
         keys, values = cache.update(self.cache_layer, "k", k), cache.update(self.cache_layer, "v", v)
-        return attend(q, keys, values, step.visible, self.scale).flatten(-2) @ self.o.T
+        return linear(attend(q, keys, values, step.visible, self.scale).flatten(-2), self.o)
 
 
 class Glm4Moe(GlmModel):

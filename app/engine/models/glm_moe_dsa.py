@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.kv_cache import KVCache
+from app.engine.linear import linear
 from app.engine.models.glm import Step
 from app.engine.models.glm4_moe_lite import Glm4MoeLite
 from app.engine.models.mla import LatentAttention, MlaConfig, latent_shape
@@ -51,8 +52,8 @@ class Indexer:
 
     def __call__(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         """-> the selected keys [T, L] (bool)."""
-        q = (query_latent @ self.wq_b.T).unflatten(-1, (self.heads, self.dim))
-        k = F.layer_norm(x @ self.wk.T, (self.dim,), self.k_norm, self.k_norm_bias, INDEX_KEY_NORM_EPS)
+        q = linear(query_latent, self.wq_b).unflatten(-1, (self.heads, self.dim))
+        k = F.layer_norm(linear(x, self.wk), (self.dim,), self.k_norm, self.k_norm_bias, INDEX_KEY_NORM_EPS)
         q = torch.cat((rotate_pairs(q[..., : self.rope], step.cos, step.sin), q[..., self.rope :]), dim=-1)
         k = torch.cat((rotate_pairs(k[:, None, : self.rope], step.cos, step.sin)[:, 0], k[:, self.rope :]), dim=-1)
         keys = cache.update(self.cache_slot, "index_key", k)  # [L, d]

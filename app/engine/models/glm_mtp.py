@@ -13,6 +13,7 @@ import torch
 
 from app.engine.kv_cache import KVCache
 from app.engine.layers import rms_norm
+from app.engine.linear import linear
 
 
 class GlmMtp:
@@ -52,7 +53,8 @@ class GlmMtp:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         step = self.target.step(cache, len(next_tokens))
         embedded = rms_norm(self.embed[next_tokens], self.enorm, self.eps)
-        x = torch.cat((embedded, rms_norm(hidden.to(self.target.dtype), self.hnorm, self.eps)), dim=-1) @ self.eh_proj.T
+        normed_hidden = rms_norm(hidden.to(self.target.dtype), self.hnorm, self.eps)
+        x = linear(torch.cat((embedded, normed_hidden), dim=-1), self.eh_proj)
         x = self.layer(x, step, cache)
         cache.advance(len(next_tokens))
-        return (rms_norm(x, self.head_norm, self.eps) @ self.head.T).float(), x
+        return linear(rms_norm(x, self.head_norm, self.eps), self.head).float(), x

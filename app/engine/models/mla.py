@@ -13,6 +13,7 @@ import torch
 
 from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, rms_norm
+from app.engine.linear import linear
 from app.engine.models.glm import GlmConfig, GlmModel, Step
 from app.engine.rope import rotate_halves, rotate_pairs
 
@@ -45,13 +46,15 @@ class LatentAttention:
         self.q_b = model.weight(prefix + "q_b_proj", (heads * (nope + rope), c.q_lora_rank))
         self.kv_a = model.weight(prefix + "kv_a_proj_with_mqa", (latent + rope, hidden))
         self.kv_a_norm = model.tensor(prefix + "kv_a_layernorm.weight", (latent,), float32=True)
-        kv_b = model.weight(prefix + "kv_b_proj", (heads * (nope + c.v_head_dim), latent)).unflatten(0, (heads, -1))
+        # used per head (absorbed into the queries and the output), not as x @ W.T: dequantized at load
+        kv_b = model.weight(prefix + "kv_b_proj", (heads * (nope + c.v_head_dim), latent), dequantized=True)
+        kv_b = kv_b.unflatten(0, (heads, -1))
         self.key_up, self.value_up = kv_b[:, :nope], kv_b[:, nope:]  # [heads, nope, latent], [heads, v, latent]
         self.o = model.weight(prefix + "o_proj", (hidden, heads * c.v_head_dim))
 
     def query_latent(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> the normalised query latent [T, q_lora_rank] (DSA's indexer reads it too)."""
-        return rms_norm(x @ self.q_a.T, self.q_a_norm, LATENT_NORM_EPS)
+        return rms_norm(linear(x, self.q_a), self.q_a_norm, LATENT_NORM_EPS)
 
     def visible(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         """Which cached tokens each query reads [T, L]: all earlier ones (DSA narrows this down)."""
@@ -59,8 +62,8 @@ class LatentAttention:
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         query_latent = self.query_latent(x)
-        q_nope, q_rope = (query_latent @ self.q_b.T).unflatten(-1, (self.key_up.shape[0], -1)).split(self.splits, -1)
-        kv_latent, k_rope = (x @ self.kv_a.T).split((self.latent_rank, self.splits[1]), dim=-1)
+        q_nope, q_rope = linear(query_latent, self.q_b).unflatten(-1, (self.key_up.shape[0], -1)).split(self.splits, -1)
+        kv_latent, k_rope = linear(x, self.kv_a).split((self.latent_rank, self.splits[1]), dim=-1)
         k_rope = self.rotate(k_rope[:, None], step.cos, step.sin)[:, 0]
         entry = torch.cat((rms_norm(kv_latent, self.kv_a_norm, LATENT_NORM_EPS), k_rope), dim=-1)  # latent_shape
         latents = cache.update(self.cache_layer, "latent", entry)[:, None]  # [L, 1, latent + rope]
@@ -70,7 +73,7 @@ class LatentAttention:
         ), dim=-1)  # [T, heads, latent + rope]
         visible = self.visible(x, query_latent, step, cache)
         out = attend(queries, latents, latents[..., : self.latent_rank], visible, self.scale)  # [T, heads, latent]
-        return torch.einsum("thc,hvc->thv", out, self.value_up).flatten(-2) @ self.o.T
+        return linear(torch.einsum("thc,hvc->thv", out, self.value_up).flatten(-2), self.o)
 
 
 def latent_shape(config: MlaConfig) -> tuple[int]:
