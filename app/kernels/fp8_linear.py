@@ -11,31 +11,16 @@ registers (to float16 with 16-bit activations, one instruction per two weights; 
 whose bf16 tl.dot is wrong); a per-channel scale multiplies the float32 sums once, a block scale once per
 step (a step never straddles a block column); the sums stay float32 until the store.
 
-Tiles by token count (`pick_tiles`), on GLM-4.5-Air's shapes (hidden 4096, q_proj 12288 × 4096, k/v 1024 ×
-4096, o_proj 4096 × 12288, dense MLP 10944, shared expert 1408):
-- T ≤ 16 (decode, a verify block) is bound by reading the weight: 16 tokens × 32 weight rows × 128 inputs per
-  step, and the inputs split over several programs (split-K) until there are about two programs per SM:
-  k_proj's 1024 rows make 32 row tiles, too few for 132 SMs reading 4 MB. Split partial sums are float32
-  [split, T, out] added by one torch sum: deterministic, no atomics, a buffer of T × out floats per split.
-- T > 16 (prefill chunks) is bound by compute: the same kernel with 64 tokens × 128 rows × 64 inputs, no
-  split. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
-  and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold; at a 256-token
-  chunk q_proj is 26 GFLOP against 50 MB of FP8, so tensor-core tiles decide the time, not the conversion.
-Every launch has shapes fixed by (T, out, in): no host synchronisation, capturable in a CUDA graph.
+The kernel picks its tiles by token count (fp8_linear_triton.py says why). Every launch has shapes fixed by
+(T, out, in): no host synchronisation, capturable in a CUDA graph.
 """
 
-import math
 from collections.abc import Callable
 
 import torch
 
 from app.engine.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.choice import kernel_or_reference
-from app.kernels.expert_tiles import Tiles
-
-DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
-PROGRAMS_PER_SM = 2
-MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
 
 
 def fp8_linear_torch(
@@ -47,25 +32,14 @@ def fp8_linear_torch(
     return x @ dequantize_blocks(weight, scale, block, x.dtype).T
 
 
-def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
-    """(token side of a tile, weight tiles, split-K) for one launch; see the module docstring."""
-    if tokens > DECODE_TOKENS:
-        return 64, Tiles(128, 64, warps=8, stages=3), 1
-    tiles = Tiles(32, 128, warps=4, stages=4)
-    programs = math.ceil(out_features / tiles.features) * math.ceil(tokens / DECODE_TOKENS)
-    steps = math.ceil(in_features / tiles.depth)
-    split = min(math.ceil(PROGRAMS_PER_SM * sm_count / programs), max(steps // MIN_STEPS_PER_SPLIT, 1))
-    return DECODE_TOKENS, tiles, max(split, 1)
-
-
 def fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     scale: torch.Tensor,
     block: tuple[int, int] | None = None,
-    tiles: tuple[int, Tiles, int] | None = None,
+    tiles: tuple | None = None,
 ) -> torch.Tensor:
-    """`fp8_linear_torch` in Triton; `tiles` overrides `pick_tiles` (token side, weight tiles, split-K)."""
+    """`fp8_linear_torch` in Triton; `tiles` (token side, expert_tiles.Tiles, split-K) overrides `pick_tiles`."""
     # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
     from app.kernels.fp8_linear_triton import run_fp8_linear
 

@@ -1,12 +1,40 @@
-"""The Triton kernel of fp8_linear.py: x [T, in] @ dequant(weight [out, in]).T, split-K at decode."""
+"""The Triton kernel of fp8_linear.py: x [T, in] @ dequant(weight [out, in]).T.
+
+Tiles by token count (`pick_tiles`), on GLM-4.5-Air's shapes (hidden 4096, q_proj 12288 × 4096, k/v 1024 ×
+4096, o_proj 4096 × 12288, dense MLP 10944, shared expert 1408):
+- T ≤ 16 (decode, a verify block) is bound by reading the weight: 16 tokens × 32 weight rows × 128 inputs per
+  step, and the inputs split over several programs (split-K) until there are about two programs per SM:
+  k_proj's 1024 rows make 32 row tiles, too few for 132 SMs reading 4 MB. Split partial sums are float32
+  [split, T, out] added by one torch sum: deterministic, no atomics, a buffer of T × out floats per split.
+- T > 16 (prefill chunks) is bound by compute: the same kernel with 64 tokens × 128 rows × 64 inputs, no
+  split. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
+  and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold; at a 256-token
+  chunk q_proj is 26 GFLOP against 50 MB of FP8, so tensor-core tiles decide the time, not the conversion.
+"""
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
-from app.kernels.fp8_linear import pick_tiles
 from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _row_pointers
+
+DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
+PROGRAMS_PER_SM = 2
+MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
+
+
+def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
+    """(token side of a tile, weight tiles, split-K) for one launch; see the module docstring."""
+    if tokens > DECODE_TOKENS:
+        return 64, Tiles(128, 64, warps=8, stages=3), 1
+    tiles = Tiles(32, 128, warps=4, stages=4)
+    programs = math.ceil(out_features / tiles.features) * math.ceil(tokens / DECODE_TOKENS)
+    steps = math.ceil(in_features / tiles.depth)
+    split = min(math.ceil(PROGRAMS_PER_SM * sm_count / programs), max(steps // MIN_STEPS_PER_SPLIT, 1))
+    return DECODE_TOKENS, tiles, max(split, 1)
 
 
 def run_fp8_linear(

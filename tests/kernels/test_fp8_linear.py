@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from app.kernels.expert_tiles import Tiles
-from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch, pick_tiles
+from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
+from app.kernels.fp8_linear_triton import pick_tiles
 from tests.fixtures.tiny_glm import dequantize_reference, quantize_fp8
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_gpt_oss_experts import relative_error
