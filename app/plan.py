@@ -17,6 +17,8 @@ ROUTED_EXPERT_MARK = ".mlp.experts."
 PREFILL_CHUNK = 256
 RUNTIME_RESERVE = 64 << 20
 ROUTING_FILE = "routing.json"
+FP8_DTYPE = "F8_E4M3"
+DEQUANTIZED_FP8 = ".kv_b_proj."  # MLA's kv_b is used per head, not as x @ W.T: the engine dequantizes it at load
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class ModelFacts:
     # (share of a layer's experts cached, the expert cache's hit rate) measured on real text, from the folder's
     # routing.json (see `read_routing`); empty: only the uniform-routing bound is known
     measured_hit_rates: tuple[tuple[float, float], ...] = ()
+    resident_fp8_weights: int = 0  # elements of the resident weights stored as FP8 that the engine can keep FP8
+    resident_fp8_bytes: int = 0  # those weights as stored, their scales included
+    fp8_kept: bool = False  # the engine keeps them FP8 (on a GPU: app/engine/linear.py)
 
     @property
     def total_experts(self) -> int:
@@ -55,19 +60,23 @@ class ModelFacts:
         return self.top_k * self.expert_bytes * sum(layer < self.num_layers for layer in self.moe_layers)
 
     def resident_bytes(self, dtype_bytes: int) -> int:
-        """The target's non-expert weights on the device (FP8 ones are dequantized to the compute dtype)."""
-        return self.resident_weights * dtype_bytes
+        """The target's non-expert weights on the device: FP8 ones as stored where the engine keeps them FP8
+        (`fp8_kept`), otherwise dequantized to the compute dtype."""
+        if not self.fp8_kept:
+            return self.resident_weights * dtype_bytes
+        return (self.resident_weights - self.resident_fp8_weights) * dtype_bytes + self.resident_fp8_bytes
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return self.kv_per_token * dtype_bytes
 
     @classmethod
-    def from_folder(cls, folder: ModelFolder) -> "ModelFacts":
+    def from_folder(cls, folder: ModelFolder, fp8_kept: bool = False) -> "ModelFacts":
+        """`fp8_kept`: the engine will keep dense FP8 weights FP8 (it does on a GPU)."""
         config = folder.config
         num_layers = config["num_hidden_layers"]
         num_experts = config.get("num_local_experts") or config["n_routed_experts"]
         mtp_prefix = f"model.layers.{num_layers}."
-        expert_bytes = expert_weights = resident_weights = mtp_weights = 0
+        expert_bytes = expert_weights = resident_weights = mtp_weights = fp8_weights = fp8_bytes = 0
         moe_layers = set()
         for info in folder.tensors.values():
             if ROUTED_EXPERT_MARK in info.name:
@@ -78,6 +87,9 @@ class ModelFacts:
                 mtp_weights += _dequantized_elements(info)
             else:
                 resident_weights += _dequantized_elements(info)
+                if (info.dtype == FP8_DTYPE or is_fp8_scale(info.name)) and DEQUANTIZED_FP8 not in info.name:
+                    fp8_weights += info.numel if info.dtype == FP8_DTYPE else 0
+                    fp8_bytes += info.nbytes
         count = max(len(moe_layers), 1) * num_experts
         return cls(
             model_type=folder.model_type,
@@ -94,6 +106,9 @@ class ModelFacts:
             vocab_size=config["vocab_size"],
             attention_heads=config["num_attention_heads"],
             measured_hit_rates=read_routing(folder, num_experts),
+            resident_fp8_weights=fp8_weights,
+            resident_fp8_bytes=fp8_bytes,
+            fp8_kept=fp8_kept,
         )
 
 

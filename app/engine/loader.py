@@ -8,6 +8,7 @@ import torch
 from app.engine.checkpoint import Checkpoint
 from app.engine.expert_parallel import ExpertParallelCache
 from app.engine.experts import ExpertCache, ExpertStore
+from app.engine.linear import keeps_fp8
 from app.engine.models import ARCHITECTURES
 from app.errors import UserError
 from app.model_folder import ModelFolder
@@ -63,7 +64,7 @@ def load_model(
     from it cancels the load. A tuple of budgets, one per GPU, spreads the experts over the GPUs."""
     torch_device = resolve_device(device)
     on_progress("planning", 0.0)
-    facts = ModelFacts.from_folder(folder)
+    facts = ModelFacts.from_folder(folder, fp8_kept=keeps_fp8(torch_device))
     placement, gpu_placements = plan_budgets(facts, gpu_budget, ram_budget, context, dtype_bytes(dtype))
     devices = expert_devices(torch_device, len(gpu_placements)) if gpu_placements else [torch_device]
     config_class, model_class, make_reader = ARCHITECTURES[folder.model_type]

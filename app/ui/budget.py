@@ -115,7 +115,7 @@ class BudgetPanel(QWidget):
         if path is not None:
             try:
                 folder = ModelFolder.open(path)
-                self.facts = ModelFacts.from_folder(folder)
+                self.facts = ModelFacts.from_folder(folder, fp8_kept=self.machine.device == "cuda")
             except UserError as error:
                 self.title.setText(f"Cannot plan {path}: {error}")
         self.speculation.blockSignals(True)  # its method may change here: the sliders are bounded below
