@@ -7,6 +7,7 @@ compute time. On CPU the cache is still a separate arena, so the fetch mechanics
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 
@@ -18,6 +19,16 @@ PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for pref
 ExpertTensors = dict[str, torch.Tensor]
 ExpertKey = tuple[int, int]  # (layer, expert)
 OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_parallel.py): no slot, no copy here
+
+
+class Routing(NamedTuple):
+    """A layer's routing: its normed hidden states [T, H], picked experts and their weights [T, k], and the
+    experts [T, k] predicted for the later layers its cache looks ahead to."""
+
+    hidden: torch.Tensor
+    top_experts: torch.Tensor
+    top_weights: torch.Tensor
+    predictions: dict[int, torch.Tensor]
 
 
 class ExpertStore:

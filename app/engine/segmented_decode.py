@@ -1,12 +1,13 @@
 """The decode step when routed experts are offloaded: CUDA graphs between the host's expert work.
 
 Routing decides on the host which experts to copy, so such a step cannot be one graph (cuda_graph.py), but
-everything between two layers' expert ops can. Segment i adds layer i - 1's expert output to the residual
-and runs layer i up to its router (the first one also embeds the token and builds the masks and rotary
-tables of its position); a last segment adds the last expert output, norms and projects. Between two
-replays the host reads the routing, copies misses and runs the expert op (itself a graph, op_graph.py)
-through the model's `routed_experts`, as the eager forward does: the expert cache sees the same calls in
-the same order, look-ahead prefetch included.
+everything between two layers' expert ops can. Segment i adds the expert output of the i-th layer with
+routed experts to its residual and runs the layers after it up to the next one's router, layers without
+routed experts (GLM's dense ones: `until_experts` gives no routing) whole (the first segment also embeds
+the token and builds the masks and rotary tables of its position); a last segment adds the last expert
+output and runs the rest, then norms and projects. Between two replays the host reads the routing, copies
+misses and runs the expert op (itself a graph, op_graph.py) through the model's `routed_experts`, as the
+eager forward does: the expert cache sees the same calls in the same order, look-ahead prefetch included.
 """
 
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from functools import partial
 import torch
 
 from app.engine.cuda_graph import warm_up
-from app.engine.experts import ExpertCache
+from app.engine.experts import ExpertCache, Routing
 from app.engine.kv_cache import KVCache
 from app.engine.layers import finish_forward
 
@@ -41,13 +42,15 @@ class SegmentedDecode:
         self.position = torch.full((1,), cache.length, dtype=torch.long, device=device)
         self.expert_output = torch.zeros(1, model.config.hidden_size, dtype=model.dtype, device=device)
         num_layers = len(model.layers)
-        self.residuals: list[torch.Tensor | None] = [None] * num_layers  # [1, H] after each layer's attention
-        self.routings: list = [None] * num_layers
+        # the layers whose routed experts run on the host between two segments
+        self.expert_layers = [index for index in model.experts.store.layers if index < num_layers]
+        self.residuals: dict[int, torch.Tensor] = {}  # [1, H] per expert layer: its output but the routed experts
+        self.routings: dict[int, Routing] = {}
         self.layer_outputs: dict[int, torch.Tensor] = {}  # captured layers but the last, [1, H]
         self.context = None
         self.logits: torch.Tensor | None = None
         self.features: torch.Tensor | None = None
-        segments = [partial(self._layer, index) for index in range(num_layers)] + [self._finish]
+        segments = [partial(self._segment, number) for number in range(len(self.expert_layers) + 1)]
         self.replays = self._captured(segments) if device.type == "cuda" else segments
 
     def step(self, token: int) -> torch.Tensor:
@@ -61,27 +64,39 @@ class SegmentedDecode:
         self.token.fill_(token)
         self.position.fill_(self.cache.length)
         with self._static_positions():
-            for index, replay in enumerate(self.replays[:-1]):
+            for replay, index in zip(self.replays[:-1], self.expert_layers, strict=True):
                 replay()
                 self.expert_output.copy_(self.model.routed_experts(index, self.routings[index]))
             self.replays[-1]()
         self.cache.advance(1)
         return self.logits
 
-    def _layer(self, index: int) -> None:
-        if index == 0:
-            x = self.model.embed[self.token]
+    def _segment(self, number: int) -> None:
+        """From the routed experts of expert layer `number` - 1 (the first: from the embedding) to the router
+        of expert layer `number` (the last: to the logits)."""
+        if number == 0:
+            x, first = self.model.embed[self.token], 0
             self.context = self.model.attention_context(1, self.cache)
         else:
-            x = self.residuals[index - 1] + self.expert_output
-            if index - 1 in self.capture:
-                self.layer_outputs[index - 1] = x
-        self.residuals[index], self.routings[index] = self.model.until_experts(index, x, self.context, self.cache)
+            first = self.expert_layers[number - 1] + 1
+            x = self._layer_output(first - 1, self.residuals[first - 1] + self.expert_output)
+        is_last = number == len(self.expert_layers)
+        end = len(self.model.layers) if is_last else self.expert_layers[number] + 1
+        for index in range(first, end):
+            x, routing = self.model.until_experts(index, x, self.context, self.cache)
+            if routing is None:
+                x = self._layer_output(index, x)
+            else:
+                self.residuals[index], self.routings[index] = x, routing
+        if is_last:
+            out = finish_forward(self.model, x, dict(self.layer_outputs), self.capture, last_only=False)
+            self.logits, self.features = out if self.capture else (out, None)
 
-    def _finish(self) -> None:
-        x = self.residuals[-1] + self.expert_output
-        out = finish_forward(self.model, x, dict(self.layer_outputs), self.capture, last_only=False)
-        self.logits, self.features = out if self.capture else (out, None)
+    def _layer_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Layer `index`'s output x [1, H], kept when it is captured."""
+        if index in self.capture:
+            self.layer_outputs[index] = x
+        return x
 
     def _captured(self, segments: list[Callable[[], None]]) -> list[Callable[[], None]]:
         """Each segment as the replay of a CUDA graph captured from it. They share one memory pool: they

@@ -15,7 +15,7 @@ from functools import partial
 import torch
 
 from app.engine.checkpoint import Checkpoint
-from app.engine.experts import ExpertCache, ExpertTensors
+from app.engine.experts import ExpertCache, ExpertTensors, Routing
 from app.engine.kv_cache import KVCache
 from app.engine.layers import causal_mask, finish_forward, rms_norm, silu_glu
 from app.engine.linear import Fp8Weight, load_linear
@@ -141,7 +141,8 @@ class DenseMlp:
 
 
 class RoutedMoe:
-    """The router's top-k routed experts (run from the expert cache) plus the unscaled shared expert.
+    """The router's top-k routed experts, run from the expert cache (`routed`); the unscaled shared expert
+    (`shared`) runs beside them on the layer's normed input.
 
     While experts are offloaded, this layer's input also predicts the experts of the next MoE layers
     (their routers applied to it), so that the cache can start copying them early.
@@ -164,18 +165,28 @@ class RoutedMoe:
         """The experts [T, k] this layer's router picks for x [T, H]."""
         return route(x, self.router, self.correction_bias, self.config)[0]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def routing(self, x: torch.Tensor) -> Routing:
+        """The routing of the normed hidden states x [T, H], with the look-ahead's predictions."""
         experts, weights = route(x, self.router, self.correction_bias, self.config)
         predictions = {
             later: self.moe_layers[later].choose(x)
             for later in self.experts.lookahead_layers(self.index, len(x))
             if later in self.moe_layers
         }
-        return self.experts.run(self.index, x, experts, weights, self.run_experts, predictions) + self.shared(x)
+        return Routing(x, experts, weights, predictions)
+
+    def routed(self, routing: Routing) -> torch.Tensor:
+        """The weighted sum [T, H] of the routed experts (host work when experts are offloaded)."""
+        return self.experts.run(self.index, routing.hidden, routing.top_experts, routing.top_weights,
+                                self.run_experts, routing.predictions)
 
 
 class GlmLayer:
-    """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream."""
+    """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream.
+
+    A layer runs in two parts: `until_experts` (attention, then the dense MLP or the MoE's shared expert and
+    router: no host work, so a CUDA graph can hold it) and `with_routed_experts` (the MoE's routed experts).
+    """
 
     def __init__(self, model: "GlmModel", index: int, cache_layer: int):
         c = model.config
@@ -184,20 +195,31 @@ class GlmLayer:
         self.input_norm = model.tensor(prefix + "input_layernorm.weight", (c.hidden_size,), float32=True)
         self.post_norm = model.tensor(prefix + "post_attention_layernorm.weight", (c.hidden_size,), float32=True)
         self.attention = model.attention(index, cache_layer)
-        if c.is_moe_layer(index):
-            self.mlp = model.moe_layers[index] = RoutedMoe(model, index)
-        else:
-            self.mlp = DenseMlp(model, prefix + "mlp.", c.intermediate_size)
+        self.moe = model.moe_layers[index] = RoutedMoe(model, index) if c.is_moe_layer(index) else None
+        # what runs on every token beside the routed experts: the shared expert, or the dense MLP
+        self.mlp = self.moe.shared if self.moe is not None else DenseMlp(model, prefix + "mlp.", c.intermediate_size)
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        x = x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
-        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
+        return self.with_routed_experts(*self.until_experts(x, step, cache))
+
+    def until_experts(self, x: torch.Tensor, step: Step, cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
+        """The layer's input x [T, H] -> (its output but the routed experts [T, H], their routing); a dense
+        layer's routing is None and its first value is its whole output."""
+        return self.mlp_until_experts(x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache))
+
+    def with_routed_experts(self, residual: torch.Tensor, routing: Routing | None) -> torch.Tensor:
+        return residual if routing is None else residual + self.moe.routed(routing)
 
     def decode_batch(self, x: torch.Tensor, sequences: list[tuple[Step, KVCache]]) -> torch.Tensor:
         """x [N, H], one token of each of N sequences: attention per sequence, the MLP once for all N."""
         normed = rms_norm(x, self.input_norm, self.eps)
         x = x + torch.cat([self.attention(normed[i : i + 1], step, cache) for i, (step, cache) in enumerate(sequences)])
-        return x + self.mlp(rms_norm(x, self.post_norm, self.eps))
+        return self.with_routed_experts(*self.mlp_until_experts(x))
+
+    def mlp_until_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        """The residual after attention x [T, H] -> (plus the dense MLP or shared expert, the MoE's routing)."""
+        normed = rms_norm(x, self.post_norm, self.eps)
+        return x + self.mlp(normed), (self.moe.routing(normed) if self.moe is not None else None)
 
 
 class GlmModel:
@@ -246,7 +268,8 @@ class GlmModel:
     def new_kv_cache(self, capacity: int) -> KVCache:
         return self.kv_cache(capacity, list(range(self.config.num_hidden_layers)))
 
-    def step(self, cache: KVCache, num_tokens: int) -> Step:
+    def attention_context(self, num_tokens: int, cache: KVCache) -> Step:
+        """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         cache.check_room(num_tokens)
         positions = cache.positions(num_tokens)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
@@ -262,11 +285,11 @@ class GlmModel:
         of those layers (the layer's output; for the last layer, after the final norm) concatenated in the
         order given, [T, len(capture) * H], for every position.
         """
-        step = self.step(cache, len(token_ids))
+        context = self.attention_context(len(token_ids), cache)
         x = self.embed[token_ids]
         outputs = {}
         for index, layer in enumerate(self.layers):
-            x = layer(x, step, cache)
+            x = layer(x, context, cache)
             if index in capture:
                 outputs[index] = x
         cache.advance(len(token_ids))
@@ -275,13 +298,22 @@ class GlmModel:
     def decode_batch(self, token_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
         """One token from each of N sequences, token_ids [N] and one cache per sequence -> logits [N, vocab]
         (float32); each MoE layer's routed experts run once for all N tokens."""
-        sequences = [(self.step(cache, 1), cache) for cache in caches]
+        sequences = [(self.attention_context(1, cache), cache) for cache in caches]
         x = self.embed[token_ids]
         for layer in self.layers:
             x = layer.decode_batch(x, sequences)
         for cache in caches:
             cache.advance(1)
         return finish_forward(self, x, {}, (), last_only=False)
+
+    def until_experts(self, index: int, x: torch.Tensor, context: Step,
+                      cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
+        """Layer `index` up to its routed experts (GlmLayer.until_experts); segmented_decode.py captures this part."""
+        return self.layers[index].until_experts(x, context, cache)
+
+    def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
+        """The weighted sum [T, H] of the experts `routing` picked for MoE layer `index`."""
+        return self.layers[index].moe.routed(routing)
 
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token

@@ -51,7 +51,7 @@ class GlmMtp:
     def draft(
         self, hidden: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        step = self.target.step(cache, len(next_tokens))
+        step = self.target.attention_context(len(next_tokens), cache)
         embedded = rms_norm(self.embed[next_tokens], self.enorm, self.eps)
         normed_hidden = rms_norm(hidden.to(self.target.dtype), self.hnorm, self.eps)
         x = linear(torch.cat((embedded, normed_hidden), dim=-1), self.eh_proj)

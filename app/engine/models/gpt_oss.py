@@ -8,7 +8,7 @@ from typing import NamedTuple
 import torch
 
 from app.engine.checkpoint import Checkpoint
-from app.engine.experts import ExpertCache, ExpertTensors
+from app.engine.experts import ExpertCache, ExpertTensors, Routing
 from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, causal_mask, finish_forward, rms_norm
 from app.engine.rope import Rotary, rotate_halves
@@ -21,16 +21,6 @@ class AttentionContext(NamedTuple):
     masks: dict[int | None, torch.Tensor]
     cos: torch.Tensor
     sin: torch.Tensor
-
-
-class Routing(NamedTuple):
-    """A layer's routing: its normed hidden states [T, H], picked experts and their weights [T, k], and the
-    experts [T, k] predicted for the later layers its cache looks ahead to."""
-
-    hidden: torch.Tensor
-    top_experts: torch.Tensor
-    top_weights: torch.Tensor
-    predictions: dict[int, torch.Tensor]
 
 
 @dataclass(frozen=True)
