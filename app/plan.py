@@ -234,7 +234,7 @@ CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H20
 
 # Model types whose offloaded decode step is a CUDA graph per layer (app/engine/segmented_decode.py); the
 # others run that step eagerly.
-SEGMENTED_MODEL_TYPES = frozenset({"gpt_oss"})
+SEGMENTED_MODEL_TYPES = frozenset({"gpt_oss", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa"})
 
 
 @dataclass(frozen=True)
