@@ -4,9 +4,11 @@ experts from the expert cache, plus a shared expert. Attention is the architectu
 glm4_moe.py, multi-head latent attention in mla.py (GLM-4.7-Flash), with DSA in glm_moe_dsa.py (GLM-5).
 
 Besides the engine's model API (`forward`, `new_kv_cache`, `embedding_routes`, `config`, `experts`,
-`device`), a GLM model has `load_mtp()` -> `GlmMtp`, its checkpoint's multi-token-prediction layer as a
-drafter (glm_mtp.py). The MTP layer reads the target's final hidden states (after the last norm):
-`forward(token_ids, cache, capture=(num_hidden_layers - 1,))` returns them beside the logits.
+`device`, and the split at the routed experts that segmented_decode.py replays: `attention_context`,
+`until_experts`, `routed_experts`), a GLM model has `load_mtp()` -> `GlmMtp`, its checkpoint's
+multi-token-prediction layer as a drafter (glm_mtp.py). The MTP layer reads the target's final hidden
+states (after the last norm): `forward(token_ids, cache, capture=(num_hidden_layers - 1,))` returns them
+beside the logits.
 """
 
 from dataclasses import MISSING, dataclass, fields
