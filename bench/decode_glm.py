@@ -82,9 +82,10 @@ def main() -> None:
             write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": args.layers})
         report["checkpoint_write_s"] = time.perf_counter() - started
         print(f"checkpoint written in {report['checkpoint_write_s']:.0f} s", flush=True)
-    facts = ModelFacts.from_folder(ModelFolder.open(folder))
+    facts = ModelFacts.from_folder(ModelFolder.open(folder), fp8_kept=cuda)  # as the engine keeps its dense FP8
     report.update(expert_bytes=facts.expert_bytes, total_experts=facts.total_experts,
-                  resident_weights=facts.resident_weights)
+                  resident_weights=facts.resident_weights, resident_fp8_bytes=facts.resident_fp8_bytes,
+                  dense_fp8_kept=facts.fp8_kept)
     budget_runs(report, folder, facts, args, args.device, pinned_unless_all_fit)
     print_table(report)
 

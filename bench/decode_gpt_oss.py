@@ -169,9 +169,9 @@ def _timed_generation(model, ids: list[int], new: int) -> dict:
 
 
 def floors(facts: ModelFacts, bandwidth: dict, run: dict, dtype_bytes: int = 2) -> dict:
-    """Per-token floors: the bytes a fully resident step reads over HBM (the resident weights in the compute
-    dtype, FP8 ones dequantized at load, but one embedding row; top-k routed experts per MoE layer in their
-    checkpoint format), plus the missed bytes over PCIe."""
+    """Per-token floors: the bytes a fully resident step reads over HBM (the resident weights as the engine
+    holds them, `ModelFacts.resident_bytes`: dense FP8 ones as stored on a GPU, but one embedding row; top-k
+    routed experts per MoE layer in their checkpoint format), plus the missed bytes over PCIe."""
     embedding = facts.vocab_size * facts.hidden_size
     dense_read = facts.resident_bytes(dtype_bytes) - embedding * dtype_bytes
     expert_read = facts.expert_bytes_per_token

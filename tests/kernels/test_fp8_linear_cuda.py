@@ -1,0 +1,75 @@
+"""The compiled FP8 linear kernel on a GPU at GLM-4.5-Air's dense shapes against the float32 torch reference,
+captured in a CUDA graph, and GLM keeping its dense FP8 weights FP8 on the GPU. Skipped without a CUDA device."""
+
+import pytest
+import torch
+
+from app.engine.linear import Fp8Weight
+from app.engine.loader import load_model
+from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
+from app.model_folder import ModelFolder
+from tests.fixtures.tiny_glm import write_tiny_glm
+from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_fp8_linear import FORMATS, random_fp8_linear
+from tests.kernels.test_gpt_oss_experts import relative_error
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# zai-org/GLM-4.5-Air-FP8: q_proj, k_proj, o_proj, the dense MLP's down_proj, the shared expert's gate_proj
+AIR_SHAPES = [(12288, 4096), (1024, 4096), (4096, 12288), (4096, 10944), (1408, 4096)]
+GPU_FORMATS = ("per-channel", "block128")
+
+
+def case(out: int, inputs: int, fmt: str, tokens: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    weight, scale = random_fp8_linear(out, inputs, fmt, generator)
+    return torch.randn(tokens, inputs, generator=generator).cuda(), weight.cuda(), scale.cuda()
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 128])  # decode (split-K), a verify block, a prefill chunk
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+@pytest.mark.parametrize("shape", AIR_SHAPES)
+def test_bfloat16_kernel_matches_float32_reference(shape, fmt, tokens):
+    x, weight, scale = case(*shape, fmt, tokens, seed=tokens + shape[0])
+    with poisoned_allocations():
+        y = fp8_linear(x.bfloat16(), weight, scale, FORMATS[fmt])
+    assert y.dtype == torch.bfloat16 and y.isfinite().all()
+    assert relative_error(y, fp8_linear_torch(x, weight, scale, FORMATS[fmt])) < 1e-2
+
+
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+def test_float32_kernel_matches_float32_reference(fmt):
+    x, weight, scale = case(1024, 4096, fmt, 16, seed=5)
+    with poisoned_allocations():
+        y = fp8_linear(x, weight, scale, FORMATS[fmt])
+    assert relative_error(y, fp8_linear_torch(x, weight, scale, FORMATS[fmt])) < 1e-4
+
+
+@pytest.mark.parametrize("tokens", [1, 128])
+def test_captured_graph_replays_the_eager_result_for_new_inputs(tokens):
+    x, weight, scale = case(1024, 4096, "block128", tokens, seed=9)
+    static_x = x.bfloat16()
+    run = lambda: fp8_linear(static_x, weight, scale, FORMATS["block128"])  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = run()
+    for seed in (1, 2):
+        static_x.copy_(torch.randn(x.shape, generator=torch.Generator().manual_seed(seed)).cuda())
+        graph.replay()
+        assert torch.equal(static_y, fp8_linear(static_x, weight, scale, FORMATS["block128"]))
+
+
+@pytest.mark.parametrize(("variant", "dense_fp8"), [("glm4_moe_fp8", "q_proj"), ("glm_moe_dsa_fp8", "q_a_proj")])
+def test_glm_keeps_dense_fp8_weights_fp8_on_the_gpu_and_plans_them_as_stored(variant, dense_fp8, tmp_path):
+    folder = ModelFolder.open(write_tiny_glm(tmp_path, variant, mtp=False))
+    gpu = load_model(folder, device="cuda", dtype="bfloat16", context=32)
+    cpu = load_model(folder, device="cpu", dtype="bfloat16", context=32)
+    attention = gpu.model.layers[0].attention
+    assert isinstance(getattr(attention, dense_fp8.removesuffix("_proj")), Fp8Weight)
+    assert gpu.facts.fp8_kept and not cpu.facts.fp8_kept
+    assert gpu.placement.resident_bytes < cpu.placement.resident_bytes
