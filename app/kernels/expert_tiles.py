@@ -35,6 +35,7 @@ class LaunchConfig:
     gate_up: Tiles
     down: Tiles
     fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
+    cuda_cores: bool = False  # MXFP4 at a few pairs per tile: products on CUDA cores (mxfp4_cuda_cores.py)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Pairs (token, pick) are grouped into tiles that share a cache slot (expert_tiles.py), so each tile
 reads its expert's weights once, straight from the cache arena; MXFP4 is dequantized on the fly
 (`tl.dot_scaled`). Weights are the M side of each product (out^T = W @ x^T), so the token side of a
-tile can be as small as 16 at decode.
+tile can be as small as 16. At decode (a few pairs per tile) MXFP4 products run on CUDA cores instead
+(mxfp4_cuda_cores.py): no matrix unit, one or two pairs per tile.
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W], in sorted order.
 - down: bias and routing weight in the epilogue -> one float32 row per pick [P, H].
@@ -26,9 +27,19 @@ from app.kernels.expert_tiles import (
     sum_picks,
     tile_rows,
 )
+from app.kernels.mxfp4_cuda_cores import mxfp4_rows_times_inputs
+
+CUDA_CORE_PAIRS = 16  # MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
+    if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
+        # one pair per tile; depth: inputs per loop step, 32 groups of 32 (the lanes of a warp)
+        return LaunchConfig(1, Tiles(32, 1024), Tiles(16, 1024), cuda_cores=True)
+    return matrix_unit_config(num_pairs, mxfp4)
+
+
+def matrix_unit_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     pairs_per_tile = 16 if num_pairs <= 256 else 32
     if mxfp4:
         return LaunchConfig(pairs_per_tile, Tiles(64, 64), Tiles(32, 64))
@@ -69,15 +80,19 @@ def run_experts(
     plan = plan_tiles(slots, num_slots, config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
 
+    assert not config.cuda_cores or mxfp4, "CUDA-core products are for MXFP4 weights"
+    if config.cuda_cores:  # the products read 8 codes at a time: [S, N, K/32, 16] bytes -> [S, N, K/32, 4] words
+        gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
     shared = dict(
-        MXFP4=mxfp4, F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile
+        MXFP4=mxfp4, F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
+        CUDA_CORES=config.cuda_cores,
     )
     activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(two_width, tiles.features))](
         hidden, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], *tiles_in, activations,
         limit, alpha, hidden_size, width, picks,
-        **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, hidden_size, mxfp4),
+        **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, hidden_size, mxfp4, config.cuda_cores),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
@@ -85,14 +100,18 @@ def run_experts(
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
         activations, down, down_scales, arenas["down_proj_bias"], weights, *tiles_in, per_pick,
         hidden_size, width,
-        **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, width, mxfp4),
+        **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, width, mxfp4, config.cuda_cores),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return sum_picks(per_pick, slots, hidden.dtype)
 
 
-def _step(tiles: Tiles, k_size: int, mxfp4: bool) -> int:
-    """Inputs per loop step; MXFP4 steps divide K (both are multiples of 32), so they need no tail masks."""
+def _step(tiles: Tiles, k_size: int, mxfp4: bool, cuda_cores: bool) -> int:
+    """Inputs per loop step; MXFP4 steps on matrix units divide K (both are multiples of 32), so they need no
+    tail masks; CUDA-core steps mask whole groups."""
+    if cuda_cores:
+        assert tiles.depth % 32 == 0 and tiles.depth & (tiles.depth - 1) == 0, "CUDA-core steps are 2^n groups"
+        return tiles.depth
     return math.gcd(tiles.depth, k_size) if mxfp4 else tiles.depth
 
 
@@ -150,7 +169,7 @@ def _expert_matmul(
 def _gate_up_kernel(
     hidden_ptr, weight_ptr, scale_ptr, bias_ptr, sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr,
     activations_ptr, limit, alpha, hidden_size, width, picks,
-    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr,
+    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
@@ -158,10 +177,16 @@ def _gate_up_kernel(
     positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _expert_matmul(
-        hidden_ptr, tokens, used, weight_ptr, scale_ptr, slot, features, 2 * width, hidden_size,
-        MXFP4, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
-    )
+    if CUDA_CORES:
+        acc = mxfp4_rows_times_inputs(
+            hidden_ptr, tokens, used, weight_ptr, scale_ptr, slot, features, 2 * width, hidden_size,
+            BLOCK_M, BLOCK_N, BLOCK_K // 32,
+        )
+    else:
+        acc = _expert_matmul(
+            hidden_ptr, tokens, used, weight_ptr, scale_ptr, slot, features, 2 * width, hidden_size,
+            MXFP4, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
     bias = tl.load(bias_ptr + slot * 2 * width + features, mask=features < 2 * width, other=0.0)
     acc += bias.to(tl.float32)[:, None]
     # rows alternate gate, up: [BLOCK_N, M] -> [BLOCK_N/2, M, 2]
@@ -176,7 +201,7 @@ def _gate_up_kernel(
 def _down_kernel(
     activations_ptr, weight_ptr, scale_ptr, bias_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
-    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr,
+    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
@@ -184,10 +209,16 @@ def _down_kernel(
     positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = _expert_matmul(
-        activations_ptr, positions, used, weight_ptr, scale_ptr, slot, features, hidden_size, width,
-        MXFP4, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
-    )
+    if CUDA_CORES:
+        acc = mxfp4_rows_times_inputs(
+            activations_ptr, positions, used, weight_ptr, scale_ptr, slot, features, hidden_size, width,
+            BLOCK_M, BLOCK_N, BLOCK_K // 32,
+        )
+    else:
+        acc = _expert_matmul(
+            activations_ptr, positions, used, weight_ptr, scale_ptr, slot, features, hidden_size, width,
+            MXFP4, F32_INPUTS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
     bias = tl.load(bias_ptr + slot * hidden_size + features, mask=features < hidden_size, other=0.0)
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
     acc = (acc + bias.to(tl.float32)[:, None]) * routing.to(tl.float32)[None, :]

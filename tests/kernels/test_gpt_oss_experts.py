@@ -7,7 +7,7 @@ import torch
 
 from app.kernels import gpt_oss_experts_triton
 from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_op, gpt_oss_experts_torch
-from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles
+from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, pick_config
 from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH = 96, 96  # multiples of 32 (MXFP4 groups) that leave K tails for the dense 64- and 128-wide steps
@@ -104,12 +104,42 @@ def test_bfloat16_hidden_matches_float32_reference(mxfp4):
     assert relative_error(out, ref) < 2e-2
 
 
+# MXFP4 products on CUDA cores at a hidden size of 160 (5 groups): 1, 2 and 4 pairs per tile; steps of 2 groups
+# end on a masked group (K = 160 and 96), blocks of 64 and 128 rows on a row tail (160 and 192 rows); the
+# default's steps of 32 groups run in the grid above
+CUDA_CORES_HIDDEN = 160
+CUDA_CORES = [
+    (LaunchConfig(1, Tiles(64, 64), Tiles(32, 1024), cuda_cores=True), torch.float32),
+    (LaunchConfig(2, Tiles(64, 1024), Tiles(64, 64), cuda_cores=True), torch.bfloat16),
+    (LaunchConfig(4, Tiles(128, 64), Tiles(32, 64, warps=2), cuda_cores=True), torch.float32),
+]
+
+
+@pytest.mark.parametrize(("config", "dtype"), CUDA_CORES, ids=["1-pair-f32", "2-pairs-bf16", "4-pairs-f32"])
+def test_cuda_core_products_match_reference(config, dtype):
+    """3 tokens x 4 picks of 5 slots: tiles of several pairs, a slot's pairs split over tiles, skipped picks."""
+    generator = torch.Generator().manual_seed(config.pairs_per_tile * 10 + (dtype is torch.float32))
+    arenas = random_arenas(5, True, generator, CUDA_CORES_HIDDEN)
+    slots, weights = random_routing(3, 4, 5, generator)
+    hidden = torch.randn(3, CUDA_CORES_HIDDEN, generator=generator)
+    out = run_kernel(hidden.to(dtype), arenas, slots, weights.to(dtype), config=config)
+    ref = gpt_oss_experts_torch(hidden.to(dtype).float(), arenas, slots, weights.to(dtype).float(), LIMIT, ALPHA)
+    assert out.dtype == dtype
+    assert relative_error(out, ref) < (1e-5 if dtype is torch.float32 else 2e-2)
+    assert (out[1] == 0).all()
+
+
+def test_decode_takes_the_cuda_core_products_and_prefill_the_matrix_units():
+    assert pick_config(1 * 4, mxfp4=True).cuda_cores and pick_config(4 * 4, mxfp4=True).cuda_cores
+    assert not pick_config(16 * 4, mxfp4=True).cuda_cores and not pick_config(4, mxfp4=False).cuda_cores
+
+
 def test_long_inputs_run_in_chunks_of_pairs(monkeypatch):
     generator = torch.Generator().manual_seed(5)
     arenas = random_arenas(5, True, generator)
-    slots, weights = random_routing(9, 2, 5, generator)
-    hidden = torch.randn(9, HIDDEN, generator=generator)
-    monkeypatch.setattr(gpt_oss_experts_triton, "MAX_PAIRS", 8)  # 4 tokens per launch
+    slots, weights = random_routing(5, 2, 5, generator)
+    hidden = torch.randn(5, HIDDEN, generator=generator)
+    monkeypatch.setattr(gpt_oss_experts_triton, "MAX_PAIRS", 4)  # 2 tokens per launch
     out = run_kernel(hidden, arenas, slots, weights)
     ref = gpt_oss_experts_torch(hidden, arenas, slots, weights, LIMIT, ALPHA)
     assert relative_error(out, ref) < 1e-4

@@ -1,0 +1,72 @@
+"""MXFP4 expert products for a few tokens (decode, short verify blocks) on CUDA cores, no MMA.
+
+At decode a tile holds one or two (token, pick) pairs, so a matrix unit multiplies mostly padding
+while the upcast of e2m1 to bf16 and its trip through shared memory cost ~7.6 instructions per weight
+(bench/NOTES.md). Here each thread decodes a weight with four integer instructions straight into the
+bits of a float32 and multiplies it with one FMA per pair (~6 instructions per weight in all, from
+the sm_90 disassembly).
+
+e2m1 -> float32: a code s|e e|m (sign, two exponent bits, one mantissa bit) is placed with its
+magnitude bits at 24..22 (the lowest exponent bits and the highest mantissa bit) and its sign at 31.
+That float is exactly the e2m1 value times 2^-126, also for the code 0.5 (a float32 denormal). The
+activations are multiplied by 2^64 when loaded so that products stay far from the denormal range;
+the group's scale 2^(s - 127) and 2^(126 - 64) are applied to the sum of its 32 products.
+
+The grid is the caller's (tiles of pairs sharing a slot x blocks of output rows); inside a program
+the lanes split the input depth, and the per-row sum across them happens once, after the loop.
+"""
+
+import triton
+import triton.language as tl
+
+X_SCALE = tl.constexpr(2.0**64)  # activations times this: e2m1 * 2^-126 * x stays normal for |x| >= 2^-60
+UNSCALE = tl.constexpr(2.0**62)  # 2^(126 - 64)
+
+
+@triton.jit
+def _e2m1_times_2_pow_minus_126(words, NIBBLE: tl.constexpr):
+    """Code NIBBLE (0 = lowest bits) of every uint32 in `words` -> float32 value * 2^-126."""
+    placed = (words << (22 - 4 * NIBBLE)) if NIBBLE <= 5 else (words >> (4 * NIBBLE - 22))
+    magnitude = placed & 0x01C00000
+    sign = (words << (28 - 4 * NIBBLE)) & 0x80000000
+    return (magnitude | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mxfp4_rows_times_inputs(
+    x_ptr, inputs, used, words_ptr, scale_ptr, slot, rows, n_size, k_size,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+):
+    """W[slot][rows, :] @ x[inputs, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused columns give 0).
+
+    W is MXFP4 as uint32 words [S, N, K/8] (8 codes each, lowest bits first) + scales [S, N, K/32];
+    x is [*, K]; each step takes GROUPS groups of 32 inputs per row."""
+    groups_total = k_size // 32
+    row_ok = rows < n_size
+    group = tl.arange(0, GROUPS)
+    # lanes take groups: a word load is 4 bytes at a 16-byte stride, whose other 12 bytes the loads of
+    # the group's next words find in L1; every operand keeps the one layout, with no shuffle through
+    # shared memory
+    words_ptrs = words_ptr + (slot * n_size + rows[:, None]) * groups_total * 4 + group[None, :] * 4
+    scale_ptrs = scale_ptr + (slot * n_size + rows[:, None]) * groups_total + group[None, :]
+    x_ptrs = x_ptr + inputs[:, None] * k_size + group[None, :] * 32  # [BLOCK_M, GROUPS]
+    acc = tl.zeros((BLOCK_M, BLOCK_N, GROUPS), tl.float32)
+    for first in range(0, groups_total, GROUPS):
+        group_ok = group < groups_total - first
+        w_ok = row_ok[:, None] & group_ok[None, :]
+        x_ok = used[:, None] & group_ok[None, :]
+        sums = tl.zeros((BLOCK_M, BLOCK_N, GROUPS), tl.float32)
+        for word in tl.static_range(4):
+            words = tl.load(words_ptrs + word, mask=w_ok, other=0).to(tl.uint32, bitcast=True)  # [BLOCK_N, GROUPS]
+            for nibble in tl.static_range(8):
+                weight = _e2m1_times_2_pow_minus_126(words, nibble)
+                x = tl.load(x_ptrs + word * 8 + nibble, mask=x_ok, other=0.0).to(tl.float32) * X_SCALE
+                sums += weight[None, :, :] * x[:, None, :]
+        scale_byte = tl.load(scale_ptrs, mask=w_ok, other=0)
+        # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
+        scale = (scale_byte.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # [BLOCK_N, GROUPS]
+        acc += sums * scale[None, :, :]
+        words_ptrs += GROUPS * 4
+        scale_ptrs += GROUPS
+        x_ptrs += GROUPS * 32
+    return tl.trans(tl.sum(acc, axis=2) * UNSCALE)
