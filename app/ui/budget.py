@@ -2,6 +2,7 @@
 give and the predicted decode speed, recomputed while a slider moves (no engine involved)."""
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPushButton, QSlider, QVBoxLayout, QWidget
@@ -115,7 +116,7 @@ class BudgetPanel(QWidget):
         if path is not None:
             try:
                 folder = ModelFolder.open(path)
-                self.facts = ModelFacts.from_folder(folder, fp8_kept=self.machine.device == "cuda")
+                self.facts = ModelFacts.from_folder(folder)
             except UserError as error:
                 self.title.setText(f"Cannot plan {path}: {error}")
         self.speculation.blockSignals(True)  # its method may change here: the sliders are bounded below
@@ -129,6 +130,7 @@ class BudgetPanel(QWidget):
             self.machine = self._machine_source()
             self.machine_label.setText(self.machine.describe())
             self._add_gpu_sliders()
+        self.facts = replace(self.facts, fp8_kept=self.machine.device == "cuda")  # as the engine will hold them
         self.title.setText(f"<b>{folder.path.name}</b> · {self.facts.model_type} · "
                            f"{self.facts.total_experts} routed experts of {format_size(self.facts.expert_bytes)}")
         self._fill_contexts(folder.config.get("max_position_embeddings", CONTEXTS[-1]))
