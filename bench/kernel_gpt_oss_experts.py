@@ -1,18 +1,21 @@
 """The fused GPT-OSS expert kernels on a CUDA GPU, at gpt-oss-20b's real shapes.
 
-    python3 bench/kernel_gpt_oss_experts.py OUT.json
+    python3 bench/kernel_gpt_oss_experts.py OUT.json [--tokens 1,4,16,128] [--formats mxfp4] [--no-tile-sweeps]
 
 32 experts sit in cache slots (H = W = 2880), each token routes to 4 of them; T = 1, 4, 16, 128,
-256 tokens; MXFP4 and bf16 weights. Each case is first checked against the float32 torch reference
-(fresh random inputs with skipped picks, poisoned allocations), then timed:
+256 tokens; MXFP4 and bf16 weights. MXFP4 at T <= 16 also runs the matrix-unit path (what decode took
+before the CUDA-core products) and a sweep of CUDA-core configurations. Each case is first checked
+against the float32 torch reference (fresh random inputs with skipped picks, poisoned allocations),
+then timed:
 - `op`: triton.testing.do_bench, median, L2 flushed before every run (launch gaps included);
 - `graph`: the op captured in a CUDA graph, cycling through 8 routings (no launch gaps, no L2 reuse);
 - `kernels`: each kernel's own time from the torch profiler, median over runs with L2 flushed.
 Bandwidth = bytes of the experts the tokens route to (every weight, scale and bias read once) /
 time, against a device-to-device copy (bytes read + written) measured in the same run. T = 1 also
-runs a sweep over tile sizes; T = 128 and 256 over pairs per tile.
+runs a sweep over tile sizes; T = 128 and 256 over pairs per tile (both skipped by --no-tile-sweeps).
 """
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -29,8 +32,9 @@ from triton.testing import do_bench, do_bench_cudagraph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
 
 from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
-from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
+from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, matrix_unit_config, pick_config, run_experts
 from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_gpt_oss_experts_cuda import CUDA_CORE_SWEEP
 
 HIDDEN = WIDTH = 2880
 NUM_SLOTS, PICKS = 32, 4
@@ -221,21 +225,38 @@ def start_report(out_path: str, shapes: dict) -> tuple[dict, Callable[[], None]]
     return report, save
 
 
-def main(out_path: str) -> None:
+def sweep_cuda_cores(arenas, token_counts) -> list[dict]:
+    """Each CUDA-core configuration at each decode size: kernel times and a check against the reference."""
+    rows = []
+    for tokens in token_counts:
+        for config in CUDA_CORE_SWEEP:
+            if config.pairs_per_tile > 1 and tokens == 1:
+                continue  # one token's picks are distinct slots
+            row = {"tokens": tokens, "config": repr(config), "check": attempt(check, arenas, tokens, config)}
+            rows.append(row | attempt(profile_config, arenas, tokens, config))
+            print(f"  T={tokens} {config}: {rows[-1].get('kernels_us', rows[-1].get('error'))}", flush=True)
+    return rows
+
+
+def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps: bool) -> None:
     report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
     copy = report["copy_bandwidth"]
-    for mxfp4 in (True, False):
-        fmt = "mxfp4" if mxfp4 else "bf16"
+    for fmt in formats:
+        mxfp4 = fmt == "mxfp4"
         arenas = make_arenas(mxfp4)
         report["expert_bytes_" + fmt] = expert_bytes(arenas)
-        sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
-        save()
-        configs = [(tokens, None) for tokens in TOKEN_COUNTS]
-        if any("kernels_us" in row for row in sweep):
-            configs.append((1, fastest_tiles(sweep)))
+        configs = [(tokens, None) for tokens in token_counts]
+        if mxfp4:  # decode on matrix units, as before the CUDA-core products
+            configs += [(t, matrix_unit_config(t * PICKS, mxfp4)) for t in token_counts if t * PICKS <= 64]
+        if tile_sweeps:
+            sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
+            save()
+            if any("kernels_us" in row for row in sweep):
+                configs.append((1, fastest_tiles(sweep)))
         for tokens, config in configs:
             config_used = config or pick_config(tokens * PICKS, mxfp4)
             case = {"format": fmt, "tokens": tokens, "config": repr(config_used), "tuned": config is not None}
+            case["path"] = "cuda cores" if config_used.cuda_cores else "matrix units"
             case["check"] = attempt(check, arenas, tokens, config)
             case |= attempt(time_case, arenas, tokens, config)
             if "op_bandwidth" in case:
@@ -248,8 +269,12 @@ def main(out_path: str) -> None:
             report["cases"].append(case)
             print_case(case)
             save()
-        report["sweeps"][fmt + "_pairs_per_tile"] = sweep_pairs_per_tile(arenas, mxfp4)
-        save()
+        if mxfp4:
+            report["sweeps"]["mxfp4_cuda_cores"] = sweep_cuda_cores(arenas, [t for t in token_counts if t <= 16])
+            save()
+        if tile_sweeps:
+            report["sweeps"][fmt + "_pairs_per_tile"] = sweep_pairs_per_tile(arenas, mxfp4)
+            save()
         del arenas
         torch.cuda.empty_cache()
     report["compiled"] = attempt(compiled_resources)
@@ -266,14 +291,16 @@ def compiled_resources() -> dict:
         kernel = getattr(gpt_oss_experts_triton, name, None) or getattr(expert_tiles, name)
         for caches in kernel.device_caches.values():
             resources[name] = [
-                {"regs": k.n_regs, "spills": k.n_spills, "shared": k.metadata.shared, "warps": k.metadata.num_warps}
+                {"regs": k.n_regs, "spills": k.n_spills, "shared": k.metadata.shared, "warps": k.metadata.num_warps,
+                 "constants": repr(getattr(k.src, "constants", ""))[:300]}
                 for k in caches[0].values()
             ]
     return resources
 
 
 def print_case(case: dict, format_width: int = 5) -> None:
-    title = f"{case['format']:{format_width}} T={case['tokens']:3}{' tuned' if case['tuned'] else ''}"
+    tuned = " tuned" if case["tuned"] else ""
+    title = f"{case['format']:{format_width}} T={case['tokens']:3}{tuned} {case.get('path', '')}"
     if "error" in case:
         print(f"{title} {case['config']}: {case['error'][:500]}", flush=True)
         return
@@ -299,4 +326,13 @@ def machine() -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--tokens", default=",".join(map(str, TOKEN_COUNTS)), help="token counts, comma-separated")
+    parser.add_argument("--formats", default="mxfp4,bf16", help="weight formats, comma-separated: mxfp4, bf16")
+    parser.add_argument("--no-tile-sweeps", action="store_true", help="skip the matrix-unit tile sweeps")
+    args = parser.parse_args()
+    formats = args.formats.split(",")
+    if not set(formats) <= {"mxfp4", "bf16"}:
+        parser.error(f"--formats takes mxfp4 and bf16, not {args.formats!r}")
+    main(args.out, [int(t) for t in args.tokens.split(",")], formats, not args.no_tile_sweeps)

@@ -19,7 +19,7 @@ WIDE = LaunchConfig(32, Tiles(128, 64), Tiles(64, 128))
 
 
 def random_arenas(
-    num_slots: int, mxfp4: bool, generator: torch.Generator, hidden: int = HIDDEN
+    num_slots: int, mxfp4: bool, generator: torch.Generator, hidden: int = HIDDEN, width: int = WIDTH
 ) -> dict[str, torch.Tensor]:
     def normal(*shape, std=1.0):
         return (torch.randn(shape, generator=generator) * std).to(torch.bfloat16)
@@ -27,19 +27,19 @@ def random_arenas(
     def uint8(low, high, *shape):
         return torch.randint(low, high, shape, generator=generator, dtype=torch.uint8)
 
-    arenas = {"gate_up_proj_bias": normal(num_slots, 2 * WIDTH), "down_proj_bias": normal(num_slots, hidden)}
+    arenas = {"gate_up_proj_bias": normal(num_slots, 2 * width), "down_proj_bias": normal(num_slots, hidden)}
     if mxfp4:
         # scales 2^-8 .. 2^-3 keep the products of random e2m1 values in SwiGLU's interesting range
         arenas |= {
-            "gate_up_proj_blocks": uint8(0, 256, num_slots, 2 * WIDTH, hidden // 32, 16),
-            "gate_up_proj_scales": uint8(119, 125, num_slots, 2 * WIDTH, hidden // 32),
-            "down_proj_blocks": uint8(0, 256, num_slots, hidden, WIDTH // 32, 16),
-            "down_proj_scales": uint8(119, 125, num_slots, hidden, WIDTH // 32),
+            "gate_up_proj_blocks": uint8(0, 256, num_slots, 2 * width, hidden // 32, 16),
+            "gate_up_proj_scales": uint8(119, 125, num_slots, 2 * width, hidden // 32),
+            "down_proj_blocks": uint8(0, 256, num_slots, hidden, width // 32, 16),
+            "down_proj_scales": uint8(119, 125, num_slots, hidden, width // 32),
         }
     else:
         arenas |= {
-            "gate_up_proj": normal(num_slots, hidden, 2 * WIDTH, std=hidden**-0.5),
-            "down_proj": normal(num_slots, WIDTH, hidden, std=WIDTH**-0.5),
+            "gate_up_proj": normal(num_slots, hidden, 2 * width, std=hidden**-0.5),
+            "down_proj": normal(num_slots, width, hidden, std=width**-0.5),
         }
     return arenas
 
