@@ -126,12 +126,15 @@ def tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def store_activations(activations_ptr, activation, positions, used, width, COLUMNS: tl.constexpr):
+def store_activations(
+    activations_ptr, activation, positions, used, width, COLUMNS: tl.constexpr, GROUP_MAJOR: tl.constexpr = False
+):
     """A gate_up tile's activation [COLUMNS, BLOCK_M] into rows `positions` of activations [P, W], at this
-    program's COLUMNS feature columns."""
+    program's COLUMNS feature columns; GROUP_MAJOR: rows stored as [32, W/32] (column c at c % 32, c // 32)."""
     columns = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
+    offsets = (columns % 32) * (width // 32) + columns // 32 if GROUP_MAJOR else columns
     tl.store(
-        activations_ptr + positions[None, :] * width + columns[:, None],
+        activations_ptr + positions[None, :] * width + offsets[:, None],
         activation.to(activations_ptr.dtype.element_ty),
         mask=used[None, :] & (columns[:, None] < width),
     )

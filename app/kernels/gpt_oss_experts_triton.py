@@ -27,15 +27,16 @@ from app.kernels.expert_tiles import (
     sum_picks,
     tile_rows,
 )
-from app.kernels.mxfp4_cuda_cores import mxfp4_rows_times_inputs
+from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_inputs
 
 CUDA_CORE_PAIRS = 16  # MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
-        # one pair per tile; depth: inputs per loop step, 32 groups of 32 (the lanes of a warp)
-        return LaunchConfig(1, Tiles(32, 1024), Tiles(16, 1024), cuda_cores=True)
+        # one pair per tile; a thread takes 4 gate_up rows and 2 down rows (1440 programs each at T = 1);
+        # depth: inputs per loop step, 32 groups of 32 (the lanes of a warp)
+        return LaunchConfig(1, Tiles(16, 1024), Tiles(8, 1024), cuda_cores=True)
     return matrix_unit_config(num_pairs, mxfp4)
 
 
@@ -87,10 +88,12 @@ def run_experts(
         MXFP4=mxfp4, F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
         CUDA_CORES=config.cuda_cores,
     )
-    activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
+    # CUDA-core products read x as float32 by group (gate_up's kernel writes the activations so too)
+    x = group_major(hidden) if config.cuda_cores else hidden
+    activations = torch.empty((num_pairs, width), dtype=x.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(two_width, tiles.features))](
-        hidden, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], *tiles_in, activations,
+        x, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], *tiles_in, activations,
         limit, alpha, hidden_size, width, picks,
         **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, hidden_size, mxfp4, config.cuda_cores),
         num_warps=tiles.warps, num_stages=tiles.stages,
@@ -194,7 +197,9 @@ def _gate_up_kernel(
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     activation = (up + 1) * gate * tl.sigmoid(alpha * gate)
-    store_activations(activations_ptr, activation, positions, used, width, BLOCK_N // 2)
+    if CUDA_CORES:  # the down products read them as the hidden states: float32, scaled, group-major
+        activation *= X_SCALE
+    store_activations(activations_ptr, activation, positions, used, width, BLOCK_N // 2, CUDA_CORES)
 
 
 @triton.jit

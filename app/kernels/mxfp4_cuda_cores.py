@@ -10,12 +10,15 @@ e2m1 -> float32: a code s|e e|m (sign, two exponent bits, one mantissa bit) is p
 magnitude bits at 24..22 (the lowest exponent bits and the highest mantissa bit) and its sign at 31.
 That float is exactly the e2m1 value times 2^-126, also for the code 0.5 (a float32 denormal). The
 activations are multiplied by 2^64 when loaded so that products stay far from the denormal range;
-the group's scale 2^(s - 127) and 2^(126 - 64) are applied to the sum of its 32 products.
+the group's scale 2^(s - 127) and 2^(126 - 64) are applied to the sum of its 32 products. The
+activations are read as float32 in group-major order ([T, 32, K/32]: element j of 32 consecutive
+groups is one 128-byte line for a warp whose lanes take groups), so loading them costs no conversion.
 
 The grid is the caller's (tiles of pairs sharing a slot x blocks of output rows); inside a program
 the lanes split the input depth, and the per-row sum across them happens once, after the loop.
 """
 
+import torch
 import triton
 import triton.language as tl
 
@@ -39,28 +42,34 @@ def mxfp4_rows_times_inputs(
 ):
     """W[slot][rows, :] @ x[inputs, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused columns give 0).
 
-    W is MXFP4 as uint32 words [S, N, K/8] (8 codes each, lowest bits first) + scales [S, N, K/32];
-    x is [*, K]; each step takes GROUPS groups of 32 inputs per row."""
+    W is MXFP4 as uint32 words [S, N, K/8] (8 codes each, lowest bits first) + scales [S, N, K/32]; x is
+    float32 times X_SCALE, stored group-major, [*, 32, K/32] (`group_major`); each step takes GROUPS groups
+    of 32 inputs per row."""
     groups_total = k_size // 32
     row_ok = rows < n_size
     group = tl.arange(0, GROUPS)
-    # lanes take groups: a word load is 4 bytes at a 16-byte stride, whose other 12 bytes the loads of
-    # the group's next words find in L1; every operand keeps the one layout, with no shuffle through
-    # shared memory
-    words_ptrs = words_ptr + (slot * n_size + rows[:, None]) * groups_total * 4 + group[None, :] * 4
+    # lanes take groups: one 16-byte load per row brings a group's 4 words, and x's element j of 32
+    # consecutive groups is one 128-byte line
+    word = tl.arange(0, 4)
+    words_ptrs = words_ptr + ((slot * n_size + rows[:, None, None]) * groups_total + group[None, :, None]) * 4 + word
     scale_ptrs = scale_ptr + (slot * n_size + rows[:, None]) * groups_total + group[None, :]
-    x_ptrs = x_ptr + inputs[:, None] * k_size + group[None, :] * 32  # [BLOCK_M, GROUPS]
+    x_ptrs = x_ptr + inputs[:, None] * k_size + group[None, :]  # [BLOCK_M, GROUPS], element 0 of each group
     acc = tl.zeros((BLOCK_M, BLOCK_N, GROUPS), tl.float32)
     for first in range(0, groups_total, GROUPS):
         group_ok = group < groups_total - first
         w_ok = row_ok[:, None] & group_ok[None, :]
         x_ok = used[:, None] & group_ok[None, :]
+        words4 = tl.load(words_ptrs, mask=w_ok[:, :, None], other=0).to(tl.uint32, bitcast=True)  # [BLOCK_N, G, 4]
+        even, odd = tl.split(tl.reshape(words4, (BLOCK_N, GROUPS, 2, 2)))  # words 0, 2 and 1, 3
+        words0, words2 = tl.split(even)
+        words1, words3 = tl.split(odd)
         sums = tl.zeros((BLOCK_M, BLOCK_N, GROUPS), tl.float32)
-        for word in tl.static_range(4):
-            words = tl.load(words_ptrs + word, mask=w_ok, other=0).to(tl.uint32, bitcast=True)  # [BLOCK_N, GROUPS]
+        for word_index in tl.static_range(4):
+            words = words0 if word_index == 0 else words1 if word_index == 1 else words2 if word_index == 2 else words3
             for nibble in tl.static_range(8):
                 weight = _e2m1_times_2_pow_minus_126(words, nibble)
-                x = tl.load(x_ptrs + word * 8 + nibble, mask=x_ok, other=0.0).to(tl.float32) * X_SCALE
+                j = word_index * 8 + nibble
+                x = tl.load(x_ptrs + j * groups_total, mask=x_ok, other=0.0)
                 sums += weight[None, :, :] * x[:, None, :]
         scale_byte = tl.load(scale_ptrs, mask=w_ok, other=0)
         # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
@@ -68,5 +77,11 @@ def mxfp4_rows_times_inputs(
         acc += sums * scale[None, :, :]
         words_ptrs += GROUPS * 4
         scale_ptrs += GROUPS
-        x_ptrs += GROUPS * 32
+        x_ptrs += GROUPS
     return tl.trans(tl.sum(acc, axis=2) * UNSCALE)
+
+
+def group_major(x: torch.Tensor) -> torch.Tensor:
+    """x [T, K] -> float32 [T, 32, K/32] times X_SCALE: element j of every group of 32 together, as
+    `mxfp4_rows_times_inputs` reads it."""
+    return (x.view(x.shape[0], -1, 32).transpose(1, 2).float() * X_SCALE.value).contiguous()
