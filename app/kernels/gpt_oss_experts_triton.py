@@ -29,14 +29,17 @@ from app.kernels.expert_tiles import (
 )
 from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_inputs
 
-CUDA_CORE_PAIRS = 16  # MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products
+# MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products: on the H200 they beat the
+# matrix units at T = 1 (kernels 68-71 us against 81) and lose at T = 4 (233 against 193: a pair per tile reads a
+# shared expert twice), bench/NOTES.md
+CUDA_CORE_PAIRS = 4
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
-        # one pair per tile; a thread takes 4 gate_up rows and 2 down rows (1440 programs each at T = 1);
-        # depth: inputs per loop step, 32 groups of 32 (the lanes of a warp)
-        return LaunchConfig(1, Tiles(16, 1024), Tiles(8, 1024), cuda_cores=True)
+        # one pair per tile, the H200 sweep's fastest rows per program at T = 1; depth: inputs per loop step,
+        # 32 groups of 32 (the lanes of a warp)
+        return LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
     return matrix_unit_config(num_pairs, mxfp4)
 
 

@@ -129,9 +129,9 @@ def test_cuda_core_products_match_reference(config, dtype):
     assert (out[1] == 0).all()
 
 
-def test_decode_takes_the_cuda_core_products_and_prefill_the_matrix_units():
-    assert pick_config(1 * 4, mxfp4=True).cuda_cores and pick_config(4 * 4, mxfp4=True).cuda_cores
-    assert not pick_config(16 * 4, mxfp4=True).cuda_cores and not pick_config(4, mxfp4=False).cuda_cores
+def test_one_token_takes_the_cuda_core_products_and_more_the_matrix_units():
+    assert pick_config(1 * 4, mxfp4=True).cuda_cores
+    assert not pick_config(2 * 4, mxfp4=True).cuda_cores and not pick_config(4, mxfp4=False).cuda_cores
 
 
 def test_long_inputs_run_in_chunks_of_pairs(monkeypatch):
