@@ -55,7 +55,7 @@ def test_float32_mxfp4_kernel_matches_float32_reference(tokens):
 # the CUDA-core configurations that bench/kernel_gpt_oss_experts.py sweeps, and the matrix units at decode
 CUDA_CORE_SWEEP = [
     LaunchConfig(pairs, Tiles(gate_up_rows, 1024), Tiles(down_rows, 1024), cuda_cores=True)
-    for pairs, gate_up_rows, down_rows in ((1, 16, 8), (1, 16, 16), (1, 32, 16), (1, 32, 32), (1, 64, 16), (2, 16, 8),
+    for pairs, gate_up_rows, down_rows in ((1, 16, 8), (1, 16, 16), (1, 16, 32), (1, 32, 16), (1, 32, 32), (2, 16, 8),
                                            (2, 32, 16), (4, 32, 16))
 ]
 
