@@ -33,7 +33,7 @@ def checkpoint(tiny_gpt_oss, tiny_glm):
 
 
 def offloaded(folder, device: str, slots: int, prefetch_layers: int = 0):
-    probe = load_model(ModelFolder.open(folder), dtype="float32", context=64).placement
+    probe = load_model(ModelFolder.open(folder), device=device, dtype="float32", context=64).placement
     budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + slots * probe.expert_bytes
     loaded = load_model(ModelFolder.open(folder), device=device, dtype="float32", context=64, gpu_budget=budget,
                         prefetch_layers=prefetch_layers)
