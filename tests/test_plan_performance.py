@@ -3,7 +3,6 @@
 import json
 import random
 from collections import OrderedDict
-from dataclasses import replace
 
 import pytest
 
@@ -130,13 +129,3 @@ def test_a_broken_routing_record_is_one_clear_error(tmp_path):
     (folder / "routing.json").write_text(json.dumps({"hits": [1, 2]}))
     with pytest.raises(UserError, match=r"routing\.json is not a routing record"):
         ModelFacts.from_folder(ModelFolder.open(folder))
-
-
-@pytest.mark.parametrize("model_type", ["glm4_moe", "glm4_moe_lite", "glm_moe_dsa"])
-def test_offloaded_glm_layers_cost_what_segmented_gpt_oss_layers_cost(gpt_oss_20b, model_type):
-    """GPT-OSS's and GLM's offloaded steps are both a graph per layer: same bytes, same engine time per layer."""
-    placement = placement_with_slots(gpt_oss_20b, 384)
-    gpt_oss = predict_decode(gpt_oss_20b, placement, 2, H200)
-    glm = predict_decode(replace(gpt_oss_20b, model_type=model_type), placement, 2, H200)
-    assert glm.copy_s == gpt_oss.copy_s and glm.tok_s_low == gpt_oss.tok_s_low
-    assert glm.overhead_s == pytest.approx(gpt_oss_20b.num_layers * H200.overheads.segmented_s)
