@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
-from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _row_pointers
+from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
 
 DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
 PROGRAMS_PER_SM = 2
@@ -96,27 +96,9 @@ def _fp8_linear_kernel(
     row_ok, used = features < n_size, rows < tokens
     w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, 0, features, n_size, k_size, SCALES, SCALE_ROWS, SCALE_COLS)
     k_begin = split * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, k_size)
-    depth = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows[None, :].to(tl.int64) * k_size + k_begin + depth[:, None]  # [BLOCK_K, BLOCK_M]
-    w_ptrs = w_rows[:, None] + k_begin + depth[None, :]  # [BLOCK_N, BLOCK_K]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for k0 in range(k_begin, k_end, BLOCK_K):
-        x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_end - k0), other=0.0)
-        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
-        if UPCAST:
-            w, x = w.to(tl.float32), x.to(tl.float32)
-        elif HALF:  # as in the expert kernels: e4m3 -> f16 is one instruction per pair; f16 x saturates
-            w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-        if SCALES == 2:
-            block_scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)
-            products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
-            acc += products * block_scale[:, None]
-        else:
-            acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    if SCALES == 1:
-        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    acc = _expert_matmul(
+        x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, tl.minimum(k_begin + k_per_split, k_size), k_size,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
+    )
     out_ptrs = out_ptr + (split * tokens + rows[None, :]).to(tl.int64) * n_size + features[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=used[None, :] & row_ok[:, None])

@@ -151,20 +151,20 @@ def _row_pointers(
 
 @triton.jit
 def _expert_matmul(
-    x_ptr, rows, used, w_rows, s_rows, row_ok, k_size,
+    x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
     SCALES: tl.constexpr, SCALE_COLS: tl.constexpr,
     F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """W @ x[rows, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0) for the weight rows of `_row_pointers`,
-    scaled as SCALES says."""
+    """W[:, k_begin:k_end] @ x[rows, k_begin:k_end]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0) for the
+    weight rows of `_row_pointers`, scaled as SCALES says; x rows are k_size long."""
     depth = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [BLOCK_K, BLOCK_M]
-    w_ptrs = w_rows[:, None] + depth[None, :]  # [BLOCK_N, BLOCK_K]
+    x_ptrs = x_ptr + rows[None, :].to(tl.int64) * k_size + k_begin + depth[:, None]  # [BLOCK_K, BLOCK_M]
+    w_ptrs = w_rows[:, None] + k_begin + depth[None, :]  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for k0 in range(0, k_size, BLOCK_K):
-        x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_size - k0), other=0.0)
-        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_end - k0), other=0.0)
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
         elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
@@ -207,7 +207,7 @@ def _gate_up_kernel(
         weight_ptr, scale_ptr, slot, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS,
     )
     acc = _expert_matmul(
-        hidden_ptr, tokens, used, w_rows, s_rows, features < width, hidden_size,
+        hidden_ptr, tokens, used, w_rows, s_rows, features < width, 0, hidden_size, hidden_size,
         SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
@@ -233,7 +233,7 @@ def _down_kernel(
         weight_ptr, scale_ptr, slot, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS,
     )
     acc = _expert_matmul(
-        activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, width,
+        activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, 0, width, width,
         SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
