@@ -9,7 +9,7 @@ from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware, LayerOverheads
 GIB = 1 << 30
 # A desktop CPU as the compute device: dual-channel DDR5, copies inside RAM, a few AVX cores; eager torch
 # layers cost ~4 ms each there (the demo model on a 2-core CPU, bench/results/demo-model-cpu-*.json).
-CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=60e9, flops=1e12, overheads=LayerOverheads(4e-3, 4e-3, 4e-3))
+CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=60e9, flops=1e12, overheads=LayerOverheads(4e-3, 4e-3))
 _SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,pcie.link.gen.max", "--format=csv,noheader,nounits"]
 
 
