@@ -91,6 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--ram-budget", type=_size, required=True)
     plan.add_argument("--context", type=_positive_int, default=4096)
     plan.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    plan.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                      help="the device generate will run on (on cuda, dense FP8 weights stay FP8)")
     plan.add_argument("--pcie-gen", type=int, choices=(3, 4, 5), default=4, help="PCIe generation of the x16 link")
     plan.add_argument("--memory-bandwidth", type=_size, default="1000GB",
                       help="device memory bandwidth per second, e.g. 1000GB (RTX 4090), 4800GB (H200)")
@@ -188,7 +190,7 @@ def _run_plan(args) -> int:
     from app.plan_gpus import plan_budgets, predict_gpus
     from app.sizes import format_size
 
-    facts = ModelFacts.from_folder(ModelFolder.open(args.model))
+    facts = ModelFacts.from_folder(ModelFolder.open(args.model), fp8_kept=args.device == "cuda")
     placement, gpus = plan_budgets(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(args.dtype))
     hardware = Hardware(link_bps=PCIE_BPS[args.pcie_gen], memory_bps=args.memory_bandwidth)
     prediction = predict_gpus(facts, placement, gpus, dtype_bytes(args.dtype), hardware)

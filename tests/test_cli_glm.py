@@ -8,6 +8,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from app.cli import main
+from app.model_folder import ModelFolder
+from app.plan import ModelFacts
 from tests.fixtures.tiny_glm import VARIANTS, write_tiny_glm
 from tests.fixtures.tiny_tokenizer import write_think_tokenizer
 
@@ -60,6 +62,19 @@ def test_generate_with_experts_offloaded(model_type, glm_models, capsys):
     stats = json.loads(out)["stats"]
     assert stats["expert_cache"]["misses"] > 0
     assert stats["prefill_tokens"] == 6
+
+
+def test_plan_counts_dense_fp8_weights_as_the_device_will_hold_them(glm_models, capsys):
+    """On cuda the engine keeps dense FP8 weights FP8 (half of bf16); on cpu it dequantizes them."""
+    resident = {}
+    for device in ("cpu", "cuda"):
+        code, out, err = run_cli(capsys, "plan", glm_models["glm4_moe_fp8"], "--gpu-budget", "100G", "--ram-budget",
+                                 "1G", "--device", device, "--json")
+        assert code == 0, err
+        resident[device] = json.loads(out)["resident_bytes"]
+    folder = ModelFolder.open(glm_models["glm4_moe_fp8"])
+    assert resident["cuda"] == ModelFacts.from_folder(folder, fp8_kept=True).resident_bytes(2)
+    assert resident["cpu"] == ModelFacts.from_folder(folder).resident_bytes(2) > resident["cuda"]
 
 
 def test_an_unsupported_quantization_is_one_error_line(glm_models, tmp_path, capsys):
