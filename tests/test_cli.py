@@ -124,3 +124,15 @@ def test_plan_prints_the_placement(tiny_gpt_oss, capsys):
     assert plan["host_experts"] == 200 * 1024 // plan["expert_bytes"]
     assert plan["disk_experts"] == plan["total_experts"] - plan["host_experts"]
     assert plan["device_bytes"] <= 99.1 * 1024 * 1024
+
+
+def test_plan_says_where_its_hit_rate_comes_from(tiny_gpt_oss, capsys):
+    from app.paths import DEMO_MODEL
+
+    sources = {}
+    for folder in (tiny_gpt_oss, DEMO_MODEL):
+        code, out, err = run_cli(capsys, "plan", folder, "--gpu-budget", "1G", "--ram-budget", "1G")
+        assert code == 0, err
+        sources[folder] = next(line for line in out.splitlines() if line.startswith("expert-cache hit rate"))
+    assert "(uniform routing)" in sources[tiny_gpt_oss]
+    assert "(measured routing)" in sources[DEMO_MODEL]  # the demo ships its routing.json
