@@ -1,0 +1,85 @@
+"""Where a fully resident decode step's time goes: the kernels of one token of synthetic GLM-4.5-Air-FP8, by name.
+
+    python bench/profile_decode_step.py OUT.json [--layers 4] [--prompt 512] [--steps 20]
+
+Fully resident, the decode step is one CUDA graph (cuda_graph.DecodeGraph) and runs well below the HBM floor
+(bench/NOTES.md): this says which kernels fill it. The checkpoint is bench/decode_glm.py's (published shapes,
+random dense weights, routed experts as zeros) with --layers layers, which scales every per-layer figure alike.
+Written: the graph step's wall time per token, and per kernel name the GPU time per token summed over the
+eager step's launches (torch.profiler; the same kernels the graph replays), longest first.
+"""
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from app.engine.cuda_graph import DecodeGraph
+from app.engine.generate import prefill
+from app.engine.loader import load_model
+from app.model_folder import ModelFolder
+from bench.decode_gpt_oss import machine
+from tests.fixtures.tiny_glm import GLM_4_5_AIR_FP8_CONFIG, write_real_size_glm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
+    write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": args.layers})
+    context = args.prompt + 2 * args.steps + 8
+    loaded = load_model(ModelFolder.open(folder), device="cuda", dtype="bfloat16", context=context)
+    model = loaded.model
+    cache = model.new_kv_cache(context)
+    prefill(model, cache, list(range(100, 100 + args.prompt)))
+    graph = DecodeGraph(model, cache)
+    for token in range(3):
+        graph.step(token)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for token in range(args.steps):
+        graph.step(token)
+    torch.cuda.synchronize()
+    graph_s = (time.perf_counter() - started) / args.steps
+
+    def eager_step(token: int) -> None:
+        model.forward(torch.tensor([token], device=model.device), cache)
+
+    eager_step(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for token in range(args.steps):
+            eager_step(token)
+        torch.cuda.synchronize()
+    kernels = [event for event in trace.key_averages() if event.device_time_total > 0]
+    per_token = sorted(((event.key, event.device_time_total / args.steps, event.count / args.steps)
+                        for event in kernels), key=lambda row: -row[1])
+    total_us = sum(us for _, us, _ in per_token)
+    report = {
+        "command": " ".join(sys.argv), "machine": machine(),
+        "model": f"synthetic GLM-4.5-Air-FP8, {args.layers} layers",
+        "prompt": args.prompt, "dense_fp8_kept": loaded.facts.fp8_kept,
+        "graph_step_us": graph_s * 1e6, "graph_step_us_per_layer": graph_s * 1e6 / args.layers,
+        "eager_kernel_us_per_token": total_us, "eager_launches_per_token": sum(n for _, _, n in per_token),
+        "kernels": [{"name": name[:160], "us_per_token": us, "launches_per_token": n} for name, us, n in per_token],
+    }
+    Path(args.out).write_text(json.dumps(report, indent=2))
+    print(f"graph step {graph_s * 1e6:.0f} us ({graph_s * 1e6 / args.layers:.0f} per layer); "
+          f"eager kernels {total_us:.0f} us in {report['eager_launches_per_token']:.0f} launches per token")
+    for name, us, n in per_token[:25]:
+        print(f"{us:9.1f} us {n:6.1f}x  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
