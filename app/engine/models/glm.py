@@ -197,7 +197,9 @@ class GlmLayer:
         self.input_norm = model.tensor(prefix + "input_layernorm.weight", (c.hidden_size,), float32=True)
         self.post_norm = model.tensor(prefix + "post_attention_layernorm.weight", (c.hidden_size,), float32=True)
         self.attention = model.attention(index, cache_layer)
-        self.moe = model.moe_layers[index] = RoutedMoe(model, index) if c.is_moe_layer(index) else None
+        self.moe = RoutedMoe(model, index) if c.is_moe_layer(index) else None
+        if self.moe is not None:
+            model.moe_layers[index] = self.moe
         # what runs on every token beside the routed experts: the shared expert, or the dense MLP
         self.mlp = self.moe.shared if self.moe is not None else DenseMlp(model, prefix + "mlp.", c.intermediate_size)
 
