@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
                       seconds * 2 / 3, log),
         continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
     ])
-    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers)
+    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers,
+                             args.feature_layers)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
     dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps)
     torch.manual_seed(args.seed)
@@ -155,6 +156,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-steps", type=int)
     parser.add_argument("--drafter-steps", type=int)
     parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
+    parser.add_argument("--feature-layers", type=lambda text: tuple(int(i) for i in text.split(",")),
+                        help="target layers the drafter reads, e.g. 0,1,2,3,4 (default: three spread over the depth)")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
     return parser

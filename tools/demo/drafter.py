@@ -43,9 +43,11 @@ FULL_TRAINING = DrafterTraining(steps=4000, batch=32, anchors=16, learning_rate=
 SMOKE_TRAINING = DrafterTraining(steps=30, batch=4, anchors=4, learning_rate=3e-3, warmup=5)
 
 
-def drafter_config(target: dict, smoke: bool, mask_token_id: int, num_layers: int | None = None) -> dict:
+def drafter_config(target: dict, smoke: bool, mask_token_id: int, num_layers: int | None = None,
+                   feature_layers: tuple[int, ...] | None = None) -> dict:
+    """`feature_layers`: the target layers whose outputs the drafter reads (default: three spread over the depth)."""
     layers = target["num_hidden_layers"]
-    target_layer_ids = (0, layers // 2) if smoke else (1, layers // 2, layers - 2)
+    target_layer_ids = feature_layers or ((0, layers // 2) if smoke else (1, layers // 2, layers - 2))
     sizes = SMOKE_SIZES if smoke else FULL_SIZES
     return tiny_dflash_config(target, block_size=max(BLOCK_SIZES), target_layer_ids=target_layer_ids,
                               mask_token_id=mask_token_id,
