@@ -42,8 +42,8 @@ from app.engine.tokenizer import ChatTokenizer
 from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
 from tools.demo import drafter as drafting
 from tools.demo import target as targeting
-from tools.demo.chat_data import continuations, encode_chat, heldout_perplexity, pack
-from tools.demo.corpus import as_chats, collect_items
+from tools.demo.chat_data import PAD_ID, continuations, encode_chat, heldout_perplexity, pack
+from tools.demo.corpus import as_chats, collect_items, invented_items
 from tools.demo.drafter import DFlashTrainee, DrafterData, drafter_config, export_drafter, train_drafter
 
 TARGET_NAME, DRAFTER_NAME = "demo-gpt-oss", "demo-gpt-oss-dflash"
@@ -100,14 +100,19 @@ def main(argv: list[str] | None = None) -> None:
                        "heldout_perplexity_at_training": round(perplexity, 3)}
 
     prompts = [prompt for prompt, _ in train_ids][: 6 if args.smoke else None]
+    invented = [encode_chat(tokenizer, chat)[0]
+                for chat in as_chats(invented_items(train_items, args.invented_prompts, args.seed), args.seed + 2)]
     new_tokens = 12 if args.smoke else 320
     batch = 6 if args.smoke else 384
     seconds = _share(args, "continuations") or float("inf")
-    data = DrafterData.joined([
-        continuations(model, prompts[0::3] + prompts[1::3], new_tokens, 0.0, batch, device, args.seed,
-                      seconds * 2 / 3, log),
+    parts = [
+        continuations(model, _interleaved(invented, prompts[0::3] + prompts[1::3]), new_tokens, 0.0, batch, device,
+                      args.seed, seconds * 2 / 3, log),
         continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
-    ])
+    ]
+    if args.with_training_answers:
+        parts.append(DrafterData.from_pairs(train_ids, PAD_ID))
+    data = DrafterData.joined(parts)
     dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers,
                              args.feature_layers)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
@@ -138,10 +143,16 @@ def main(argv: list[str] | None = None) -> None:
     log(f"done: {target_folder}, {drafter_folder}")
 
 
+def _interleaved(first: list, second: list) -> list:
+    """first[0], second[0], first[1], second[1], …, then the rest of the longer list."""
+    common = min(len(first), len(second))
+    return [x for pair in zip(first, second, strict=False) for x in pair] + first[common:] + second[common:]
+
+
 def _share(args, phase: str) -> float | None:
     if not args.seconds:
         return None
-    shares = TIME_SHARES if not args.target_from else {"continuations": 0.2, "drafter": 0.8}
+    shares = TIME_SHARES if not args.target_from else {"continuations": 0.3, "drafter": 0.7}
     return args.seconds * shares[phase]
 
 
@@ -158,6 +169,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
     parser.add_argument("--feature-layers", type=lambda text: tuple(int(i) for i in text.split(",")),
                         help="target layers the drafter reads, e.g. 0,1,2,3,4 (default: three spread over the depth)")
+    parser.add_argument("--invented-prompts", type=int, default=0,
+                        help="also let the target answer this many prompts about names that do not exist (its "
+                             "continuations there resemble its answers to held-out prompts)")
+    parser.add_argument("--with-training-answers", action="store_true",
+                        help="the drafter also learns the training chats' own answers (the target learned them)")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
     return parser

@@ -55,7 +55,7 @@ def continuations(model, prompts: list[list[int]], max_new_tokens: int, temperat
     """The target's own answers to `prompts` (greedy at temperature 0), batch by batch until `seconds`
     have passed: the rows a drafter learns to predict."""
     torch.manual_seed(seed)
-    rows, starts, lengths, started = [], [], [], time.monotonic()
+    pairs, started = [], time.monotonic()
     for first in range(0, len(prompts), batch):
         group = prompts[first: first + batch]
         width = max(map(len, group))
@@ -72,14 +72,8 @@ def continuations(model, prompts: list[list[int]], max_new_tokens: int, temperat
         for row, prompt in enumerate(group):
             answer = out[row, width:].tolist()
             ends = [i for i, token in enumerate(answer) if token in STOP_IDS]
-            answer = answer[: ends[0] + 1] if ends else answer
-            rows.append(prompt + answer)
-            starts.append(len(prompt))
-            lengths.append(len(prompt) + len(answer))
-        log(f"continuations: {len(rows)} at temperature {temperature}, {time.monotonic() - started:.0f} s")
+            pairs.append((prompt, answer[: ends[0] + 1] if ends else answer))
+        log(f"continuations: {len(pairs)} at temperature {temperature}, {time.monotonic() - started:.0f} s")
         if time.monotonic() - started > seconds:
             break
-    padded = torch.full((len(rows), max(lengths)), PAD_ID)
-    for row, tokens in enumerate(rows):
-        padded[row, : len(tokens)] = torch.tensor(tokens)
-    return DrafterData(padded, torch.tensor(starts), torch.tensor(lengths))
+    return DrafterData.from_pairs(pairs, PAD_ID)

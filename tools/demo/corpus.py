@@ -82,6 +82,24 @@ def as_chats(items: list[Item], seed: int, questions_per_item: int = 1) -> list[
     return chats
 
 
+def invented_items(items: list[Item], count: int, seed: int) -> list[Item]:
+    """`count` names that do not exist, each one item's module path with another item's last part
+    ("json.dedent"), of the kinds "doc" and "source", without answers: prompts whose answer the target has
+    not learned, as held-out prompts are, so that a drafter also sees how the target continues there."""
+    rng = random.Random(seed)
+    callables = [item for item in items if item.kind in ("doc", "source") and "." in item.name]
+    known = {item.name for item in items}
+    invented: dict[str, Item] = {}
+    for _ in range(count * 20):
+        if len(invented) == count or not callables:
+            break
+        head, tail = rng.choice(callables), rng.choice(callables)
+        name = head.name.rsplit(".", 1)[0] + "." + tail.name.rsplit(".", 1)[1]
+        if name not in known and name not in invented:
+            invented[name] = Item(head.kind, name, "")
+    return list(invented.values())
+
+
 def _import_all(names, walk: bool) -> Iterator:
     for name in names:
         module = _quiet_import(name)

@@ -187,6 +187,15 @@ class DrafterData:
         self.rows, self.starts, self.lengths = rows, starts, lengths
 
     @classmethod
+    def from_pairs(cls, pairs: list[tuple[list[int], list[int]]], pad_id: int) -> "DrafterData":
+        """(prompt ids, answer ids) pairs as right-padded rows."""
+        lengths = [len(prompt) + len(answer) for prompt, answer in pairs]
+        rows = torch.full((len(pairs), max(lengths)), pad_id)
+        for row, (prompt, answer) in enumerate(pairs):
+            rows[row, : lengths[row]] = torch.tensor(prompt + answer)
+        return cls(rows, torch.tensor([len(prompt) for prompt, _ in pairs]), torch.tensor(lengths))
+
+    @classmethod
     def joined(cls, parts: list["DrafterData"]) -> "DrafterData":
         width = max(part.rows.shape[1] for part in parts)
         rows = [F.pad(part.rows, (0, width - part.rows.shape[1])) for part in parts]  # past the ends: never read
