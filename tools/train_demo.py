@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     invented = [encode_chat(tokenizer, chat)[0]
                 for chat in as_chats(invented_items(train_items, args.invented_prompts, args.seed), args.seed + 2)]
     new_tokens = 12 if args.smoke else 320
-    batch = 6 if args.smoke else 384
+    batch = 6 if args.smoke else 1024
     seconds = _share(args, "continuations") or float("inf")
     parts = [
         continuations(model, _interleaved(invented, prompts[0::3] + prompts[1::3]), new_tokens, 0.0, batch, device,
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers,
                              args.feature_layers)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
-    dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps)
+    dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps, soft_labels=args.soft_labels)
     torch.manual_seed(args.seed)
     trainee = DFlashTrainee(dconfig)
     drafter_report = train_drafter(trainee, dconfig, model, data, dsettings, device, args.seed, log,
@@ -174,6 +174,8 @@ def _parser() -> argparse.ArgumentParser:
                              "continuations there resemble its answers to held-out prompts)")
     parser.add_argument("--with-training-answers", action="store_true",
                         help="the drafter also learns the training chats' own answers (the target learned them)")
+    parser.add_argument("--soft-labels", action="store_true",
+                        help="the drafter learns the target's next-token distributions, not just its tokens")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
     return parser

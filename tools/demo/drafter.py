@@ -37,6 +37,7 @@ class DrafterTraining:
     learning_rate: float
     warmup: int
     weight_decay: float = 0.01
+    soft_labels: bool = False  # learn the target's whole next-token distribution instead of its tokens
 
 
 FULL_TRAINING = DrafterTraining(steps=4000, batch=32, anchors=16, learning_rate=1.5e-3, warmup=50)
@@ -149,18 +150,26 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: "DrafterDa
     started, losses, steps, step, budget = time.monotonic(), [], settings.steps, 0, StepBudget(seconds)
     while step < steps:
         size = BLOCK_SIZES[step % len(BLOCK_SIZES)]
-        tokens, anchors, valid = data.batch(settings.batch, settings.anchors, size, generator)
+        # as many block tokens per sequence at every block size
+        tokens, anchors, valid = data.batch(settings.batch, settings.anchors * max(BLOCK_SIZES) // size, size,
+                                            generator)
         tokens, anchors, valid = tokens.to(device), anchors.to(device), valid.to(device)
+        predicted = (anchors[..., None] + torch.arange(1, size, device=device)).flatten(1)  # [S, N·(B-1)]
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            hidden = target(input_ids=tokens, output_hidden_states=True).hidden_states
-            features = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1).float()
+            output = target(input_ids=tokens, output_hidden_states=True)
+            features = torch.cat([output.hidden_states[i + 1] for i in layer_ids], dim=-1).float()
+            if settings.soft_labels:  # the target's distribution for token j comes from its logits at j - 1
+                teacher = output.logits.gather(1, (predicted - 1)[..., None].expand(-1, -1, lm_head.shape[0]))
+                teacher = teacher.float().softmax(-1).flatten(0, 1)
         block_ids = torch.full((*anchors.shape, size), mask_id, device=device)
         block_ids[..., 0] = tokens.gather(1, anchors)
-        labels = tokens.gather(1, (anchors[..., None] + torch.arange(1, size, device=device)).flatten(1))
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             out = trainee(embed[block_ids].float(), features, anchors)[:, :, 1:]
             logits = (out @ lm_head.T.to(out.dtype)).float()
-        per_token = F.cross_entropy(logits.flatten(0, -2), labels.flatten(), reduction="none")
+        if settings.soft_labels:
+            per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
+        else:
+            per_token = F.cross_entropy(logits.flatten(0, -2), tokens.gather(1, predicted).flatten(), reduction="none")
         weights = torch.exp(-torch.arange(size - 1, device=device) / GAMMA[size]) * valid[..., 1:size]
         loss = (per_token.view_as(weights) * weights).sum() / weights.sum()
         for group in optimizer.param_groups:
