@@ -81,8 +81,8 @@ def mxfp4_round_trip(weight: torch.Tensor) -> torch.Tensor:
 
 def train_target(model: GptOssForCausalLM, rows: torch.Tensor, settings: TargetTraining, device: torch.device,
                  seed: int, log, seconds: float | None = None) -> dict:
-    """rows [N, sequence] of packed chats. With `seconds`, the step count shrinks (once, after ten steps)
-    to what fits; the report says how many ran. Returns what the model card reports about the run."""
+    """rows [N, sequence] of packed chats. With `seconds`, the step count is fitted to the time
+    (StepBudget); the report says how many ran. Returns what the model card reports about the run."""
     model.to(device).train()
     if device.type == "cpu":
         model.set_experts_implementation("eager")  # grouped_mm's first CPU call takes seconds
@@ -94,14 +94,13 @@ def train_target(model: GptOssForCausalLM, rows: torch.Tensor, settings: TargetT
     generator = torch.Generator().manual_seed(seed)
     order, cursor = torch.randperm(len(rows), generator=generator), 0
     steps = settings.steps
-    quantize_from = int(steps * (1 - settings.quantized_fraction))
+    quantized_from = None
     started, losses, step, budget = time.monotonic(), [], 0, StepBudget(seconds)
     while step < steps:
-        fitted = budget.fit(step, steps)
-        if fitted != steps:
-            steps, quantize_from = fitted, int(fitted * (1 - settings.quantized_fraction))
-        if step == quantize_from:
+        steps = budget.fit(step, steps)
+        if quantized_from is None and step >= int(steps * (1 - settings.quantized_fraction)):
             _start_quantized_experts(model)
+            quantized_from = step
         if cursor + settings.batch > len(order):
             order, cursor = torch.randperm(len(rows), generator=generator), 0
         batch = rows[order[cursor: cursor + settings.batch]].to(device)
@@ -122,27 +121,29 @@ def train_target(model: GptOssForCausalLM, rows: torch.Tensor, settings: TargetT
     return {"steps": steps, "tokens_seen": steps * settings.batch * settings.sequence,
             "epochs": round(steps * settings.batch / len(rows), 2),
             "final_train_loss": sum(losses[-20:]) / len(losses[-20:]),
-            "seconds": round(time.monotonic() - started, 1), "quantized_from_step": quantize_from}
+            "seconds": round(time.monotonic() - started, 1), "quantized_from_step": quantized_from}
 
 
 class StepBudget:
-    """Trims a phase's step count, once, so that it ends within `seconds` of its start: time per step is
-    measured between steps 20 and 40 (the first ones pay for warm-up and for each new shape)."""
+    """Fits a phase's step count (at most the one asked for) to end within `seconds` of its start. Time per
+    step is measured from step 20 (the first ones pay for warm-up and for each new shape) and the count is
+    fitted again every 250 steps, as a GPU's later steps often run faster than its first ones."""
 
-    FIRST, LAST = 20, 40
+    FIRST, LAST, EVERY = 20, 40, 250
 
     def __init__(self, seconds: float | None):
-        self.seconds, self.started, self.mark = seconds, time.monotonic(), 0.0
+        self.seconds, self.started, self.mark, self.asked = seconds, time.monotonic(), 0.0, None
 
     def fit(self, step: int, steps: int) -> int:
-        if self.seconds is None or step not in (self.FIRST, self.LAST):
+        self.asked = self.asked or steps
+        if self.seconds is None or step < self.FIRST or (step != self.LAST and step % self.EVERY):
             return steps
         now = time.monotonic()
         if step == self.FIRST:
             self.mark = now
             return steps
-        per_step = (now - self.mark) / (self.LAST - self.FIRST)
-        return min(steps, step + max(5, int((self.seconds - (now - self.started)) / per_step)))
+        per_step = (now - self.mark) / (step - self.FIRST)
+        return min(self.asked, step + max(5, int((self.seconds - (now - self.started)) / per_step)))
 
 
 def learning_rate(step: int, steps: int, peak: float, warmup: int) -> float:
