@@ -125,24 +125,25 @@ def train_target(model: GptOssForCausalLM, rows: torch.Tensor, settings: TargetT
 
 
 class StepBudget:
-    """Fits a phase's step count (at most the one asked for) to end within `seconds` of its start. Time per
-    step is measured from step 20 (the first ones pay for warm-up and for each new shape) and the count is
-    fitted again every 250 steps, as a GPU's later steps often run faster than its first ones."""
+    """Fits a phase's step count (at most the one asked for) to end within `seconds` of its start. The time
+    per step is measured from step 20 on (the first ones pay for warm-up and for each new shape), and the
+    count is fitted again every 50 steps at the latest speed: a GPU's early steps often run slower."""
 
-    FIRST, LAST, EVERY = 20, 40, 250
+    FIRST, EVERY = 20, 50
 
     def __init__(self, seconds: float | None):
-        self.seconds, self.started, self.mark, self.asked = seconds, time.monotonic(), 0.0, None
+        self.seconds, self.started, self.asked = seconds, time.monotonic(), None
+        self.mark, self.mark_step = 0.0, 0
 
     def fit(self, step: int, steps: int) -> int:
         self.asked = self.asked or steps
-        if self.seconds is None or step < self.FIRST or (step != self.LAST and step % self.EVERY):
+        if self.seconds is None or step < self.FIRST or (step - self.FIRST) % self.EVERY:
             return steps
         now = time.monotonic()
+        mark, mark_step, self.mark, self.mark_step = self.mark, self.mark_step, now, step
         if step == self.FIRST:
-            self.mark = now
             return steps
-        per_step = (now - self.mark) / (step - self.FIRST)
+        per_step = (now - mark) / (step - mark_step)
         return min(self.asked, step + max(5, int((self.seconds - (now - self.started)) / per_step)))
 
 
