@@ -117,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
                              args.feature_layers)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
     dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps, soft_labels=args.soft_labels,
-                        batch=args.drafter_batch or dsettings.batch)
+                        batch=args.drafter_batch or dsettings.batch,
+                        learning_rate=args.drafter_lr or dsettings.learning_rate)
     torch.manual_seed(args.seed)
     trainee = DFlashTrainee(dconfig)
     drafter_report = train_drafter(trainee, dconfig, model, data, dsettings, device, args.seed, log,
@@ -168,6 +169,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-steps", type=int)
     parser.add_argument("--drafter-steps", type=int)
     parser.add_argument("--drafter-batch", type=int, help="sequences per drafter step (default in drafter.py)")
+    parser.add_argument("--drafter-lr", type=float, help="the drafter's peak learning rate (default in drafter.py)")
     parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
     parser.add_argument("--feature-layers", type=lambda text: tuple(int(i) for i in text.split(",")),
                         help="target layers the drafter reads, e.g. 0,1,2,3,4 (default: three spread over the depth)")
