@@ -83,11 +83,12 @@ def as_chats(items: list[Item], seed: int, questions_per_item: int = 1) -> list[
 
 
 def invented_items(items: list[Item], count: int, seed: int) -> list[Item]:
-    """`count` names that do not exist, each one item's module path with another item's last part
+    """`count` names that do not exist, each one training item's module path with another's last part
     ("json.dedent"), of the kinds "doc" and "source", without answers: prompts whose answer the target has
-    not learned, as held-out prompts are, so that a drafter also sees how the target continues there."""
+    not learned, as held-out prompts are, so that a drafter also sees how the target continues there. No
+    name of `items` comes out, held-out ones included: those prompts measure the drafter."""
     rng = random.Random(seed)
-    callables = [item for item in items if item.kind in ("doc", "source") and "." in item.name]
+    callables = [item for item in items if not item.held_out and item.kind in ("doc", "source") and "." in item.name]
     known = {item.name for item in items}
     invented: dict[str, Item] = {}
     for _ in range(count * 20):
