@@ -3,9 +3,9 @@
     python tools/train_demo.py --smoke --out /tmp/demo            (the whole pipeline on a 2-core CPU, ~1 minute)
     python tools/evaluate_demo.py                                 (perplexity, acceptance, routing: the model card)
 
-The shipped model came from two runs on one H200 (4 + 5 minutes; training.json records both):
+The shipped model came from two runs on one H200 (4 + 6.6 minutes; training.json records both):
     python tools/train_demo.py --device cuda --seconds 330 --out OUT
-    python tools/train_demo.py --device cuda --target-from OUT/demo-gpt-oss --drafter-steps 6000 --seconds 470
+    python tools/train_demo.py --device cuda --target-from OUT/demo-gpt-oss --seconds 400
 
 What it does, seeded (--seed, default 0) so that a run with the same Python (its standard library is the
 data), the same step counts and the same device repeats itself:
@@ -19,11 +19,14 @@ data), the same step counts and the same device repeats itself:
    packed chats; the last quarter of the steps sees its experts rounded to MXFP4 (straight-through), then it
    is exported as the published checkpoint: MXFP4 expert blocks/scales, bf16 for the rest.
 4. Drafter (tools/demo/drafter.py): the target answers training prompts (2/3 greedy, 1/3 at temperature
-   0.7); a z-lab DFlash drafter learns to predict those answers block by block from the target's features.
+   0.7) and, greedy, prompts about names that do not exist (where, as on held-out prompts, it has no learned
+   answer); a z-lab DFlash drafter learns the target's next-token distributions along those answers, block
+   by block, from the target's features.
 
 Step counts: --target-steps / --drafter-steps (defaults in tools/demo/target.py and drafter.py). With
---seconds, each phase gets a share of that wall time and trims its step count once, after ten steps, to
-fit; training.json records the counts that ran, so a rerun with them repeats the run.
+--seconds, each phase gets a share of that wall time and fits its step count (or the number of greedy
+continuations) to it; training.json records the counts that ran, so a rerun with --target-steps,
+--drafter-steps and --greedy-prompts repeats the run.
 """
 
 import argparse
@@ -42,7 +45,7 @@ from app.engine.tokenizer import ChatTokenizer
 from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
 from tools.demo import drafter as drafting
 from tools.demo import target as targeting
-from tools.demo.chat_data import PAD_ID, continuations, encode_chat, heldout_perplexity, pack
+from tools.demo.chat_data import continuations, encode_chat, heldout_perplexity, pack
 from tools.demo.corpus import as_chats, collect_items, invented_items
 from tools.demo.drafter import DFlashTrainee, DrafterData, drafter_config, export_drafter, train_drafter
 
@@ -100,23 +103,21 @@ def main(argv: list[str] | None = None) -> None:
                        "heldout_perplexity_at_training": round(perplexity, 3)}
 
     prompts = [prompt for prompt, _ in train_ids][: 6 if args.smoke else None]
+    invented_count = args.invented_prompts if args.invented_prompts is not None else 4 if args.smoke else 6000
     invented = [encode_chat(tokenizer, chat)[0]
-                for chat in as_chats(invented_items(train_items, args.invented_prompts, args.seed), args.seed + 2)]
+                for chat in as_chats(invented_items(items, invented_count, args.seed), args.seed + 2)]
     new_tokens = 12 if args.smoke else 320
     batch = 6 if args.smoke else 1024
     seconds = _share(args, "continuations") or float("inf")
     parts = [
-        continuations(model, _interleaved(invented, prompts[0::3] + prompts[1::3]), new_tokens, 0.0, batch, device,
-                      args.seed, seconds * 2 / 3, log),
+        continuations(model, _interleaved(invented, prompts[0::3] + prompts[1::3])[: args.greedy_prompts], new_tokens,
+                      0.0, batch, device, args.seed, seconds * 2 / 3, log),
         continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
     ]
-    if args.with_training_answers:
-        parts.append(DrafterData.from_pairs(train_ids, PAD_ID))
     data = DrafterData.joined(parts)
-    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers,
-                             args.feature_layers)
+    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
-    dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps, soft_labels=args.soft_labels,
+    dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps,
                         batch=args.drafter_batch or dsettings.batch,
                         learning_rate=args.drafter_lr or dsettings.learning_rate)
     torch.manual_seed(args.seed)
@@ -138,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
         "target": target_part,
         "drafter": {"config": {k: dconfig[k] for k in (*drafting.FULL_SIZES, "block_size")},
                     "target_layer_ids": dconfig["dflash_config"]["target_layer_ids"],
-                    "settings": asdict(replace(dsettings, steps=drafter_report["steps"])), **drafter_report},
+                    "settings": asdict(replace(dsettings, steps=drafter_report["steps"])), **drafter_report,
+                    "greedy_continuations": len(parts[0].lengths), "sampled_continuations": len(parts[1].lengths),
+                    "invented_prompts": len(invented)},
         "seconds": round(time.monotonic() - started, 1),
     }
     (out / TRAINING_FILE).write_text(json.dumps(report, indent=2))
@@ -171,15 +174,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter-batch", type=int, help="sequences per drafter step (default in drafter.py)")
     parser.add_argument("--drafter-lr", type=float, help="the drafter's peak learning rate (default in drafter.py)")
     parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
-    parser.add_argument("--feature-layers", type=lambda text: tuple(int(i) for i in text.split(",")),
-                        help="target layers the drafter reads, e.g. 0,1,2,3,4 (default: three spread over the depth)")
-    parser.add_argument("--invented-prompts", type=int, default=0,
-                        help="also let the target answer this many prompts about names that do not exist (its "
-                             "continuations there resemble its answers to held-out prompts)")
-    parser.add_argument("--with-training-answers", action="store_true",
-                        help="the drafter also learns the training chats' own answers (the target learned them)")
-    parser.add_argument("--soft-labels", action="store_true",
-                        help="the drafter learns the target's next-token distributions, not just its tokens")
+    parser.add_argument("--invented-prompts", type=int,
+                        help="prompts about names that do not exist that the target also answers (default 6000, "
+                             "smoke 4): its answers there resemble its answers to held-out prompts")
+    parser.add_argument("--greedy-prompts", type=int, help="answer at most this many prompts greedily")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
     return parser

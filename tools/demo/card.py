@@ -59,11 +59,13 @@ def write_card(folder: Path) -> Path:
         f"{target['settings']['weight_decay']}, router balance loss {target['settings']['router_aux_loss_coef']}; "
         f"experts rounded to MXFP4 in the forward pass (straight-through) from step {target['quantized_from_step']}; "
         f"final training loss {target['final_train_loss']:.3f}; {target['seconds']} s.",
-        f"- drafter: the target's own answers to {drafter['sequences']} training prompts (2/3 greedy, 1/3 at "
-        f"temperature 0.7); {drafter['steps']} steps of {drafter['settings']['batch']} sequences × "
-        f"{drafter['settings']['anchors']} anchor blocks, block sizes cycling 16 / 8 / 4, loss weight "
-        f"exp(-(k-1)/γ) by block position; final weighted loss {drafter['final_weighted_loss']:.3f}; "
-        f"{drafter['seconds']} s. {drafter.get('note', '')}",
+        f"- drafter: the target's own answers, {drafter['greedy_continuations']} greedy (to training prompts "
+        f"interleaved with {drafter['invented_prompts']} prompts about names that do not exist) and "
+        f"{drafter['sampled_continuations']} at temperature 0.7 (training prompts); {drafter['steps']} steps of "
+        f"{drafter['settings']['batch']} sequences × {drafter['settings']['anchors']} anchor blocks of 16 (as many "
+        "block tokens at blocks of 8 and 4), block sizes cycling 16 / 8 / 4; loss: cross-entropy against the "
+        "target's next-token distribution at each block position, weighted exp(-(k-1)/γ) by position; final "
+        f"weighted loss {drafter['final_weighted_loss']:.3f}; {drafter['seconds']} s. {drafter.get('note', '')}",
         "",
         "## Measured",
         f"- Held-out perplexity of the answers: **{evaluation['heldout_perplexity']}** over "

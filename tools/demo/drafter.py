@@ -4,9 +4,11 @@ z-lab layout (models.md) that app/engine/models/dflash.py reads.
 Training (as the DFlash paper does it): pick anchor positions p in the answers; a block is the anchor
 token t_p followed by mask tokens, at positions p … p + B - 1; its context is the target's features at
 positions < p. The block attends to that context and to itself in both directions; position k of the
-block (1 … B - 1) is trained to predict t_{p + k} with weight exp(-(k - 1) / gamma), because a draft
-only counts while every earlier one was accepted. Block sizes cycle through 16, 8 and 4, so that one
-drafter serves every block size the engine picks.
+block (1 … B - 1) is trained towards the target's own distribution for t_{p + k} (its logits at
+p + k - 1: the whole distribution teaches more per position than the one token, with which the drafter
+overfit its data), with weight exp(-(k - 1) / gamma), because a draft only counts while every earlier one
+was accepted. Block sizes cycle through 16, 8 and 4, with as many block tokens per sequence at each, so
+that one drafter serves every block size the engine picks.
 """
 
 import time
@@ -21,7 +23,7 @@ from app.engine.rope import Rotary, rotate_halves
 from tests.fixtures.tiny_dflash import tiny_dflash_config, write_dflash_folder
 from tools.demo.target import StepBudget, learning_rate
 
-FULL_SIZES = {"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+FULL_SIZES = {"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
               "intermediate_size": 768}
 SMOKE_SIZES = {"num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                "intermediate_size": 128}
@@ -37,18 +39,15 @@ class DrafterTraining:
     learning_rate: float
     warmup: int
     weight_decay: float = 0.01
-    soft_labels: bool = False  # learn the target's whole next-token distribution instead of its tokens
 
 
-FULL_TRAINING = DrafterTraining(steps=4000, batch=32, anchors=16, learning_rate=1.5e-3, warmup=50)
+FULL_TRAINING = DrafterTraining(steps=4000, batch=256, anchors=16, learning_rate=2.5e-3, warmup=50)
 SMOKE_TRAINING = DrafterTraining(steps=30, batch=4, anchors=4, learning_rate=3e-3, warmup=5)
 
 
-def drafter_config(target: dict, smoke: bool, mask_token_id: int, num_layers: int | None = None,
-                   feature_layers: tuple[int, ...] | None = None) -> dict:
-    """`feature_layers`: the target layers whose outputs the drafter reads (default: three spread over the depth)."""
+def drafter_config(target: dict, smoke: bool, mask_token_id: int, num_layers: int | None = None) -> dict:
     layers = target["num_hidden_layers"]
-    target_layer_ids = feature_layers or ((0, layers // 2) if smoke else (1, layers // 2, layers - 2))
+    target_layer_ids = (0, layers // 2) if smoke else (1, layers // 2, layers - 2)
     sizes = SMOKE_SIZES if smoke else FULL_SIZES
     return tiny_dflash_config(target, block_size=max(BLOCK_SIZES), target_layer_ids=target_layer_ids,
                               mask_token_id=mask_token_id,
@@ -158,18 +157,15 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: "DrafterDa
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             output = target(input_ids=tokens, output_hidden_states=True)
             features = torch.cat([output.hidden_states[i + 1] for i in layer_ids], dim=-1).float()
-            if settings.soft_labels:  # the target's distribution for token j comes from its logits at j - 1
-                teacher = output.logits.gather(1, (predicted - 1)[..., None].expand(-1, -1, lm_head.shape[0]))
-                teacher = teacher.float().softmax(-1).flatten(0, 1)
+            # the target's distribution for token j comes from its logits at j - 1: [S·N·(B-1), V]
+            teacher = output.logits.gather(1, (predicted - 1)[..., None].expand(-1, -1, lm_head.shape[0]))
+            teacher = teacher.float().softmax(-1).flatten(0, 1)
         block_ids = torch.full((*anchors.shape, size), mask_id, device=device)
         block_ids[..., 0] = tokens.gather(1, anchors)
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             out = trainee(embed[block_ids].float(), features, anchors)[:, :, 1:]
             logits = (out @ lm_head.T.to(out.dtype)).float()
-        if settings.soft_labels:
-            per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
-        else:
-            per_token = F.cross_entropy(logits.flatten(0, -2), tokens.gather(1, predicted).flatten(), reduction="none")
+        per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
         weights = torch.exp(-torch.arange(size - 1, device=device) / GAMMA[size]) * valid[..., 1:size]
         loss = (per_token.view_as(weights) * weights).sum() / weights.sum()
         for group in optimizer.param_groups:
