@@ -78,7 +78,10 @@ class BlockSizer:
     """`choose(room)` before a step, `record(...)` after it. The first steps verify two positions, then
     come plain steps, so both kinds of step are timed before the policy decides. The first step of a block
     size in this process (`warmed_up`) is not timed: it pays for compiling kernels and allocating buffers
-    that later steps of that size reuse, and would make that size look slower than it is. In a streak of
+    that later steps of that size reuse, and would make that size look slower than it is. Nor is a verify
+    that follows the prompt or plain steps: its drafter first takes in every position committed since its
+    last pass, which on a GPU costs as much as many plain steps (an eager pass over the prompt or the
+    streak) and is not what a verify costs while drafting goes on. In a streak of
     plain steps the decision is looked at again every `RECHECK_EVERY` steps only, and a probe comes only
     after enough plain steps that its extra cost stays near `PROBE_SHARE` of theirs, so that not
     speculating costs next to nothing over plain decoding."""
@@ -96,6 +99,7 @@ class BlockSizer:
         self.plain_streak = 0
         self.probe_after = PROBE_AFTER
         self.probes = 0  # probes since the policy last chose to draft
+        self.drafted_last = False  # whether the last step drafted: else the drafter has positions to take in
         self.policy_said_plain = False
         self._uniform_fetches: list[float] | None = None
 
@@ -127,10 +131,12 @@ class BlockSizer:
     def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
         """What the step chosen last did: drafts kept, wall time, experts copied to the device."""
         self.acceptance.record(block_size, accepted)
-        if block_size in self.warmed_up:
+        catching_up = block_size > 1 and not self.drafted_last
+        if block_size in self.warmed_up and not catching_up:
             self.costs.add(block_size, fetched, seconds)
             self.timed["single" if block_size == 1 else "verify"] += 1
         self.warmed_up.add(block_size)
+        self.drafted_last = block_size > 1
         self.plain_streak = self.plain_streak + 1 if block_size == 1 else 0
         predicted = self._uniform_fetches[block_size - 1] if self._uniform_fetches else 0.0
         if predicted > 0:

@@ -74,11 +74,22 @@ def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(ve
         sizer.record(size, accepted=0, seconds=0.010 if size == 1 else verify_s, fetched=0)
         return size
 
-    assert [step() for _ in range(3)] == [2, 1, 1]  # warm sizes: one step of each kind is timed at once
+    # warm sizes, but the first verify follows the prompt: the second is timed, then a plain step
+    assert [step() for _ in range(4)] == [2, 2, 1, 1]
     choices = [step() for _ in range(gap - 2 + 1)]
     assert choices.count(2) == 1 and choices[-1] == 2  # one probe after a streak of plain steps
     later = [step() for _ in range(2 * gap + 1)]
     assert later.count(2) == 1 and later[-1] == 2
+
+
+def test_a_verify_after_the_prompt_or_plain_steps_is_not_timed(offloaded_target):
+    """Its drafter first takes in every position committed since its last pass: on a GPU an eager pass
+    over them costs many plain steps, which is not what a verify costs while drafting goes on."""
+    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6, warmed_up={1, 2, 6})
+    for size, seconds in ((2, 1.0), (2, 0.010), (1, 0.010)):  # the first verify catches up the prompt
+        assert sizer.choose(6) == size
+        sizer.record(size, accepted=size - 1, seconds=seconds, fetched=0)
+    assert sizer.choose(6) == 6
 
 
 def test_the_sizer_learns_the_cost_of_fetching_experts(offloaded_target):
