@@ -84,9 +84,8 @@ def write_card(folder: Path) -> Path:
         "",
         "Each result file records the machine's load average when it ran. The engine runs answer the first 8 "
         "held-out prompts, whose answers are easier to draft than the larger set above (per prompt, the "
-        "engine's τ and the replay's agree). At this size a decode step on the H200 costs little more than "
-        "the Python and launch overhead around it, so the cost-aware policy's exploration weighs more there "
-        "than on the CPU, where a step's matrix products dominate.",
+        "engine's τ and the replay's agree).",
+        *_bench_notes(),
         "",
         f"- Routing over the held-out chats ({routing['tokens']:,} tokens, {routing['experts']} experts, "
         f"top-{routing['top_k']}), mean over layers: the most popular expert gets "
@@ -116,10 +115,19 @@ def _rates(measured: dict) -> str:
     return f"{ours} against LRU's " + " / ".join(f"{rate:.1%}" for rate in measured["lru"].values())
 
 
+def _bench_reports() -> list[tuple[str, dict]]:
+    return [(result.name, json.loads(result.read_text())) for result in sorted(RESULTS.glob("demo-model-*.json"))]
+
+
+def _bench_notes() -> list[str]:
+    """What a result file says of its own runs (its "note"), quoted under the table."""
+    return [line for name, report in _bench_reports() if report.get("note")
+            for line in ("", f"`bench/results/{name}`: {report['note']}")]
+
+
 def _bench_rows() -> list[str]:
     rows = []
-    for result in sorted(RESULTS.glob("demo-model-*.json")):
-        report = json.loads(result.read_text())
+    for _, report in _bench_reports():
         machine = report["machine"].get("gpu") or f"CPU ({report['machine']['cpu_count']} cores)"
         for run in report["runs"]:
             tau = f"{run['tau']:.2f}" if "tau" in run else "—"
