@@ -12,7 +12,6 @@ token. Writes bench/results/expert-eviction-cpu-<date>.json with the hit rates i
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from datetime import date
@@ -23,6 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.decode_gpt_oss import cpu_machine  # noqa: E402
 from tools.demo.routing import bookkeeping_cache  # noqa: E402
 
 LAYERS, EXPERTS, TOP_K = 36, 128, 4
@@ -73,8 +73,7 @@ def main() -> None:
     report = {
         "name": "expert-eviction",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average": os.getloadavg()},
+        "machine": cpu_machine() | {"load_average": os.getloadavg()},
         "shape": {"layers": LAYERS, "experts": EXPERTS, "top_k": TOP_K, "tokens": args.tokens},
         "floor": "LRU in the same cache (the runs with policy 'lru'): the engine's policy should cost about the same",
         "runs": runs,

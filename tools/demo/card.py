@@ -17,6 +17,7 @@ def write_card(folder: Path) -> Path:
     routing = evaluation["routing"]
     mean = routing["mean_over_layers"]
     engine = routing["engine_cache_hit_rate"]
+    reports = _bench_reports()
     lines = [
         "# MoE Chat demo model: `demo-gpt-oss` + `demo-gpt-oss-dflash`",
         "",
@@ -80,12 +81,12 @@ def write_card(folder: Path) -> Path:
         "",
         "| machine | dtype | prompts × max tokens | spec | block | temperature | τ | decode tok/s (mean) |",
         "|---|---|---|---|---|---|---|---|",
-        *_bench_rows(),
+        *_bench_rows(reports),
         "",
         "Each result file records the machine's load average when it ran. The engine runs answer the first 8 "
         "held-out prompts, whose answers are easier to draft than the larger set above (per prompt, the "
         "engine's τ and the replay's agree).",
-        *_bench_notes(),
+        *_bench_notes(reports),
         "",
         f"- Routing over the held-out chats ({routing['tokens']:,} tokens, {routing['experts']} experts, "
         f"top-{routing['top_k']}), mean over layers: the most popular expert gets "
@@ -119,15 +120,15 @@ def _bench_reports() -> list[tuple[str, dict]]:
     return [(result.name, json.loads(result.read_text())) for result in sorted(RESULTS.glob("demo-model-*.json"))]
 
 
-def _bench_notes() -> list[str]:
+def _bench_notes(reports: list[tuple[str, dict]]) -> list[str]:
     """What a result file says of its own runs (its "note"), quoted under the table."""
-    return [line for name, report in _bench_reports() if report.get("note")
+    return [line for name, report in reports if report.get("note")
             for line in ("", f"`bench/results/{name}`: {report['note']}")]
 
 
-def _bench_rows() -> list[str]:
+def _bench_rows(reports: list[tuple[str, dict]]) -> list[str]:
     rows = []
-    for _, report in _bench_reports():
+    for _, report in reports:
         machine = report["machine"].get("gpu") or f"CPU ({report['machine']['cpu_count']} cores)"
         for run in report["runs"]:
             tau = f"{run['tau']:.2f}" if "tau" in run else "—"
