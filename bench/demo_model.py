@@ -9,7 +9,10 @@ Prompts are the first --prompts chats of the target folder's heldout.json (items
 rendered by its chat template; each answer is capped at --new tokens or ends at <|return|>. τ counts
 all steps of all prompts together: emitted tokens / verify steps. Greedy runs also record whether the
 tokens equal spec off's (they must, up to bf16 differences between a block verify and one-token steps
-on a GPU). The floor each speculative run is compared with is spec off on the same machine.
+on a GPU); where they differ, each differing answer records where, the two tokens there, and the gap
+between those two tokens' logits in the float32 transformers target given the common prefix (a gap near
+zero: a near tie that bf16 rounding can flip). The floor each speculative run is compared with is spec off
+on the same machine.
 """
 
 import argparse
@@ -77,10 +80,14 @@ def main() -> None:
             results.append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "outputs"}), flush=True)
     off = {r["temperature"]: r for r in results if r["spec"] == "off"}
+    prompt_ids = [session.prompt_ids(prompt) for prompt in prompts]
     for entry in results:
         entry["speedup_over_spec_off"] = entry["decode_tok_s_mean"] / off[entry["temperature"]]["decode_tok_s_mean"]
         if entry["temperature"] == 0 and entry["spec"] != "off":
             entry["greedy_tokens_equal_spec_off"] = entry["outputs"] == off[0.0]["outputs"]
+            if not entry["greedy_tokens_equal_spec_off"]:
+                entry["differences"] = _differences(args.target, args.device, prompt_ids, off[0.0]["outputs"],
+                                                    entry["outputs"])
     for entry in results:
         del entry["outputs"]
     report = {
@@ -91,6 +98,26 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
+
+
+def _differences(target: str, device: str, prompt_ids: list[list[int]], expected: list[list[int]],
+                 got: list[list[int]]) -> list[dict]:
+    """Where each answer first leaves spec off's, and the float32 target's logit gap between the two tokens."""
+    import torch
+
+    from tools.demo.target import load_target
+
+    reference = load_target(Path(target), torch.device(device))
+    found = []
+    for answer, (ids, first, second) in enumerate(zip(prompt_ids, expected, got, strict=True)):
+        at = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), None)
+        if at is None:
+            continue
+        with torch.no_grad():
+            logits = reference(input_ids=torch.tensor([ids + first[:at]], device=device)).logits[0, -1].float()
+        found.append({"answer": answer, "token_index": at, "spec_off_token": first[at], "this_token": second[at],
+                      "float32_logit_gap": round(float(logits[first[at]] - logits[second[at]]), 4)})
+    return found
 
 
 def _machine(device: str) -> dict:

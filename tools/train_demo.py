@@ -47,7 +47,8 @@ from tools.demo import drafter as drafting
 from tools.demo import target as targeting
 from tools.demo.chat_data import continuations, encode_chat, heldout_perplexity, pack
 from tools.demo.corpus import as_chats, collect_items, invented_items
-from tools.demo.drafter import DFlashTrainee, DrafterData, drafter_config, export_drafter, train_drafter
+from tools.demo.drafter import DFlashTrainee, drafter_config, export_drafter, train_drafter
+from tools.demo.drafter_data import DrafterData
 
 TARGET_NAME, DRAFTER_NAME = "demo-gpt-oss", "demo-gpt-oss-dflash"
 MASK_TOKEN = "<|reserved_mask|>"

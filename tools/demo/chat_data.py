@@ -8,7 +8,7 @@ import torch
 
 from app.engine.tokenizer import ChatTokenizer
 from tools.demo.corpus import Chat
-from tools.demo.drafter import DrafterData
+from tools.demo.drafter_data import DrafterData
 
 ANSWER_PREFIX = "<|channel|>final<|message|>"
 ANSWER_END = "<|return|>"

@@ -21,7 +21,9 @@ from torch import nn
 
 from app.engine.rope import Rotary, rotate_halves
 from tests.fixtures.tiny_dflash import tiny_dflash_config, write_dflash_folder
+from tools.demo.drafter_data import DrafterData
 from tools.demo.target import StepBudget, learning_rate
+from tools.demo.target_outputs import TargetOutputs
 
 FULL_SIZES = {"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
               "intermediate_size": 768}
@@ -136,35 +138,35 @@ class DFlashTrainee(nn.Module):
         return rotate_halves(x.flatten(0, 1), *cos_sin).view_as(x)
 
 
-def train_drafter(trainee: DFlashTrainee, config: dict, target, data: "DrafterData", settings: DrafterTraining,
+def train_drafter(trainee: DFlashTrainee, config: dict, target, data: DrafterData, settings: DrafterTraining,
                   device: torch.device, seed: int, log, seconds: float | None = None) -> dict:
     """`target` is the trained transformers model (frozen): its embedding, LM head and features."""
+    started = time.monotonic()
+    outputs = TargetOutputs.compute(target, data, config["dflash_config"]["target_layer_ids"], device)
+    outputs_seconds = round(time.monotonic() - started, 1)
+    log(f"target outputs along {len(data.lengths)} rows: {outputs.features.shape[0]} tokens, {outputs_seconds} s")
     trainee.to(device).train()
     optimizer = torch.optim.AdamW(trainee.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95),
                                   weight_decay=settings.weight_decay)
     generator = torch.Generator().manual_seed(seed)
-    layer_ids = config["dflash_config"]["target_layer_ids"]
     mask_id = config["dflash_config"]["mask_token_id"]
-    embed, lm_head = target.get_input_embeddings().weight, target.lm_head.weight
-    started, losses, steps, step, budget = time.monotonic(), [], settings.steps, 0, StepBudget(seconds)
+    embed = target.get_input_embeddings().weight
+    losses, steps, step, budget = [], settings.steps, 0, StepBudget(seconds and seconds - outputs_seconds)
     while step < steps:
         size = BLOCK_SIZES[step % len(BLOCK_SIZES)]
         # as many block tokens per sequence at every block size
-        tokens, anchors, valid = data.batch(settings.batch, settings.anchors * max(BLOCK_SIZES) // size, size,
-                                            generator)
-        tokens, anchors, valid = tokens.to(device), anchors.to(device), valid.to(device)
+        rows, anchors, anchor_ids, valid = data.batch(settings.batch, settings.anchors * max(BLOCK_SIZES) // size,
+                                                      size, generator)
+        rows, anchors, anchor_ids, valid = rows.to(device), anchors.to(device), anchor_ids.to(device), valid.to(device)
         predicted = (anchors[..., None] + torch.arange(1, size, device=device)).flatten(1)  # [S, N·(B-1)]
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            output = target(input_ids=tokens, output_hidden_states=True)
-            features = torch.cat([output.hidden_states[i + 1] for i in layer_ids], dim=-1).float()
-            # the target's distribution for token j comes from its logits at j - 1: [S·N·(B-1), V]
-            teacher = output.logits.gather(1, (predicted - 1)[..., None].expand(-1, -1, lm_head.shape[0]))
-            teacher = teacher.float().softmax(-1).flatten(0, 1)
+        # the target's distribution for token j comes from its logits at j - 1: [S·N·(B-1), V]
+        teacher = outputs.teacher_logits(target, rows, predicted - 1).softmax(-1).flatten(0, 1)
         block_ids = torch.full((*anchors.shape, size), mask_id, device=device)
-        block_ids[..., 0] = tokens.gather(1, anchors)
+        block_ids[..., 0] = anchor_ids
+        features = outputs.context(rows, int(anchors.max()))
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            out = trainee(embed[block_ids].float(), features, anchors)[:, :, 1:]
-            logits = (out @ lm_head.T.to(out.dtype)).float()
+            out = trainee(embed[block_ids].float(), features.float(), anchors)[:, :, 1:]
+            logits = (out @ target.lm_head.weight.T.to(out.dtype)).float()
         per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
         weights = torch.exp(-torch.arange(size - 1, device=device) / GAMMA[size]) * valid[..., 1:size]
         loss = (per_token.view_as(weights) * weights).sum() / weights.sum()
@@ -182,41 +184,8 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: "DrafterDa
                 f"{time.monotonic() - started:.0f} s")
     trainee.eval()
     return {"steps": steps, "final_weighted_loss": sum(losses[-30:]) / len(losses[-30:]),
-            "seconds": round(time.monotonic() - started, 1), "sequences": len(data.lengths)}
-
-
-class DrafterData:
-    """The target's continuations: token rows [N, L] (right-padded), where each answer starts and ends."""
-
-    def __init__(self, rows: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor):
-        self.rows, self.starts, self.lengths = rows, starts, lengths
-
-    @classmethod
-    def from_pairs(cls, pairs: list[tuple[list[int], list[int]]], pad_id: int) -> "DrafterData":
-        """(prompt ids, answer ids) pairs as right-padded rows."""
-        lengths = [len(prompt) + len(answer) for prompt, answer in pairs]
-        rows = torch.full((len(pairs), max(lengths)), pad_id)
-        for row, (prompt, answer) in enumerate(pairs):
-            rows[row, : lengths[row]] = torch.tensor(prompt + answer)
-        return cls(rows, torch.tensor([len(prompt) for prompt, _ in pairs]), torch.tensor(lengths))
-
-    @classmethod
-    def joined(cls, parts: list["DrafterData"]) -> "DrafterData":
-        width = max(part.rows.shape[1] for part in parts)
-        rows = [F.pad(part.rows, (0, width - part.rows.shape[1])) for part in parts]  # past the ends: never read
-        return cls(torch.cat(rows), torch.cat([p.starts for p in parts]), torch.cat([p.lengths for p in parts]))
-
-    def batch(self, sequences: int, anchors: int, size: int, generator: torch.Generator):
-        """tokens [S, L'] (trimmed to the longest chosen row plus room for a block), anchors [S, N] in the
-        answers, valid [S, N, size]: which block positions hold real tokens."""
-        chosen = torch.randint(len(self.rows), (sequences,), generator=generator)
-        starts, lengths = self.starts[chosen], self.lengths[chosen]
-        span = (lengths - 1 - starts).clamp(min=1)
-        anchors = starts[:, None] + (torch.rand(sequences, anchors, generator=generator) * span[:, None]).long()
-        width = int(lengths.max()) + size
-        tokens = torch.nn.functional.pad(self.rows[chosen], (0, max(0, width - self.rows.shape[1])))[:, :width]
-        valid = (anchors[..., None] + torch.arange(size)) < lengths[:, None, None]
-        return tokens, anchors, valid
+            "seconds": round(time.monotonic() - started, 1), "target_outputs_seconds": outputs_seconds,
+            "sequences": len(data.lengths)}
 
 
 def export_drafter(trainee: DFlashTrainee, config: dict, folder: Path) -> Path:
