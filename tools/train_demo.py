@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
     ]
     data = DrafterData.joined(parts)
-    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers)
+    dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers,
+                             _target_layers(args.target_layers, config["num_hidden_layers"]))
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
     dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps,
                         batch=args.drafter_batch or dsettings.batch,
@@ -155,6 +156,15 @@ def _interleaved(first: list, second: list) -> list:
     return [x for pair in zip(first, second, strict=False) for x in pair] + first[common:] + second[common:]
 
 
+def _target_layers(text: str | None, layers: int) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    ids = tuple(int(i) for i in text.split(",") if i.strip().isdigit())
+    if not ids or len(ids) != len(text.split(",")) or max(ids) >= layers:
+        raise SystemExit(f"--target-layers {text!r}: give layer numbers 0 to {layers - 1}, separated by commas")
+    return ids
+
+
 def _share(args, phase: str) -> float | None:
     if not args.seconds:
         return None
@@ -175,6 +185,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafter-batch", type=int, help="sequences per drafter step (default in drafter.py)")
     parser.add_argument("--drafter-lr", type=float, help="the drafter's peak learning rate (default in drafter.py)")
     parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
+    parser.add_argument("--target-layers", help="comma-separated target layers whose outputs the drafter reads "
+                                                "(default in tools/demo/drafter.py)")
     parser.add_argument("--invented-prompts", type=int,
                         help="prompts about names that do not exist that the target also answers (default 6000, "
                              "smoke 4): its answers there resemble its answers to held-out prompts")

@@ -47,9 +47,11 @@ FULL_TRAINING = DrafterTraining(steps=4000, batch=256, anchors=16, learning_rate
 SMOKE_TRAINING = DrafterTraining(steps=30, batch=4, anchors=4, learning_rate=3e-3, warmup=5)
 
 
-def drafter_config(target: dict, smoke: bool, mask_token_id: int, num_layers: int | None = None) -> dict:
+def drafter_config(target: dict, smoke: bool, mask_token_id: int, num_layers: int | None = None,
+                   target_layer_ids: tuple[int, ...] | None = None) -> dict:
+    """`target_layer_ids`: the target layers whose outputs the drafter reads (default: spread below the last)."""
     layers = target["num_hidden_layers"]
-    target_layer_ids = (0, layers // 2) if smoke else (1, layers // 2, layers - 2)
+    target_layer_ids = target_layer_ids or ((0, layers // 2) if smoke else (1, layers // 2, layers - 2))
     sizes = SMOKE_SIZES if smoke else FULL_SIZES
     return tiny_dflash_config(target, block_size=max(BLOCK_SIZES), target_layer_ids=target_layer_ids,
                               mask_token_id=mask_token_id,
