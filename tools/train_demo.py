@@ -110,9 +110,10 @@ def main(argv: list[str] | None = None) -> None:
     new_tokens = 12 if args.smoke else 320
     batch = 6 if args.smoke else 1024
     seconds = _share(args, "continuations") or float("inf")
+    greedy = _interleaved(invented, (prompts[0::3] + prompts[1::3])[: args.greedy_training_prompts])
     parts = [
-        continuations(model, _interleaved(invented, prompts[0::3] + prompts[1::3])[: args.greedy_prompts], new_tokens,
-                      0.0, batch, device, args.seed, seconds * 2 / 3, log),
+        continuations(model, greedy[: args.greedy_prompts], new_tokens, 0.0, batch, device, args.seed,
+                      seconds * 2 / 3, log),
         continuations(model, prompts[2::3], new_tokens, 0.7, batch, device, args.seed, seconds / 3, log),
     ]
     data = DrafterData.joined(parts)
@@ -190,6 +191,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--invented-prompts", type=int,
                         help="prompts about names that do not exist that the target also answers (default 6000, "
                              "smoke 4): its answers there resemble its answers to held-out prompts")
+    parser.add_argument("--greedy-training-prompts", type=int,
+                        help="answer at most this many training prompts greedily (default: two thirds of them); the "
+                             "other greedy answers are to invented prompts")
     parser.add_argument("--greedy-prompts", type=int, help="answer at most this many prompts greedily")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
