@@ -3,9 +3,9 @@
     python tools/train_demo.py --smoke --out /tmp/demo            (the whole pipeline on a 2-core CPU, ~1 minute)
     python tools/evaluate_demo.py                                 (perplexity, acceptance, routing: the model card)
 
-The shipped model came from two runs on one H200 (4 + 6.6 minutes; training.json records both):
+The shipped model came from two runs on one H200 (4.0 + 7.5 minutes; training.json records both):
     python tools/train_demo.py --device cuda --seconds 330 --out OUT
-    python tools/train_demo.py --device cuda --target-from OUT/demo-gpt-oss --seconds 400
+    python tools/train_demo.py --device cuda --target-from OUT/demo-gpt-oss --seconds 455
 
 What it does, seeded (--seed, default 0) so that a run with the same Python (its standard library is the
 data), the same step counts and the same device repeats itself:

@@ -54,6 +54,8 @@ def write_card(folder: Path) -> Path:
         "## Training",
         f"Seed {training['seed']}, on one {training['device']} (torch {training['torch']}):",
         *[f"- `{command}`" for command in training.get("commands", [training.get("command")])],
+        f"- wall time: {training['seconds']['target_run']} s for the first command (its target phase, then a "
+        f"drafter that the second replaced) and {training['seconds']['drafter_run']} s for the second.",
         f"- target: {target['steps']} steps of {target['settings']['batch']} × {target['settings']['sequence']} "
         f"packed tokens ({target['epochs']} epochs), AdamW lr {target['settings']['learning_rate']} "
         f"(warm-up {target['settings']['warmup']}, cosine to a tenth), weight decay "
@@ -66,7 +68,9 @@ def write_card(folder: Path) -> Path:
         f"{drafter['settings']['batch']} sequences × {drafter['settings']['anchors']} anchor blocks of 16 (as many "
         "block tokens at blocks of 8 and 4), block sizes cycling 16 / 8 / 4; loss: cross-entropy against the "
         "target's next-token distribution at each block position, weighted exp(-(k-1)/γ) by position; final "
-        f"weighted loss {drafter['final_weighted_loss']:.3f}; {drafter['seconds']} s. {drafter.get('note', '')}",
+        f"weighted loss {drafter['final_weighted_loss']:.3f}; {drafter['seconds']} s (of which "
+        f"{drafter['target_outputs_seconds']} s computed the target's features and logits along every answer once). "
+        f"{drafter.get('note', '')}",
         "",
         "## Measured",
         f"- Held-out perplexity of the answers: **{evaluation['heldout_perplexity']}** over "
