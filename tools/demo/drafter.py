@@ -159,13 +159,14 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: DrafterDat
         # as many block tokens per sequence at every block size
         rows, anchors, anchor_ids, valid = data.batch(settings.batch, settings.anchors * max(BLOCK_SIZES) // size,
                                                       size, generator)
+        width = int(anchors.max())  # read on the host: nothing in a step waits for the GPU
         rows, anchors, anchor_ids, valid = rows.to(device), anchors.to(device), anchor_ids.to(device), valid.to(device)
         predicted = (anchors[..., None] + torch.arange(1, size, device=device)).flatten(1)  # [S, N·(B-1)]
         # the target's distribution for token j comes from its logits at j - 1: [S·N·(B-1), V]
         teacher = outputs.teacher_logits(target, rows, predicted - 1).softmax(-1).flatten(0, 1)
         block_ids = torch.full((*anchors.shape, size), mask_id, device=device)
         block_ids[..., 0] = anchor_ids
-        features = outputs.context(rows, int(anchors.max()))
+        features = outputs.context(rows, width)
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
             out = trainee(embed[block_ids].float(), features.float(), anchors)[:, :, 1:]
             logits = (out @ target.lm_head.weight.T.to(out.dtype)).float()
@@ -178,14 +179,14 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: DrafterDat
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainee.parameters(), 1.0)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(loss.detach())
         step += 1
         steps = budget.fit(step, steps)
         if step % 50 == 0 or step == steps:
-            log(f"drafter step {step}/{steps} (block {size}): weighted loss {losses[-1]:.3f}, "
+            log(f"drafter step {step}/{steps} (block {size}): weighted loss {losses[-1].item():.3f}, "
                 f"{time.monotonic() - started:.0f} s")
     trainee.eval()
-    return {"steps": steps, "final_weighted_loss": sum(losses[-30:]) / len(losses[-30:]),
+    return {"steps": steps, "final_weighted_loss": torch.stack(losses[-30:]).mean().item(),
             "seconds": round(time.monotonic() - started, 1), "target_outputs_seconds": outputs_seconds,
             "sequences": len(data.lengths)}
 
