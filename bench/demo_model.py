@@ -27,8 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.sampling import SamplingParams
-from app.engine.session import Prompt, Session, collect
+from app.engine.session import Prompt, Session, collect, prompt_ids
 from app.engine.spec.options import SpecOptions
+from app.engine.tokenizer import ChatTokenizer
 from app.paths import DEMO_DRAFTER, DEMO_MODEL
 
 
@@ -80,13 +81,12 @@ def main() -> None:
             results.append(entry)
             print(json.dumps({k: v for k, v in entry.items() if k != "outputs"}), flush=True)
     off = {r["temperature"]: r for r in results if r["spec"] == "off"}
-    prompt_ids = [session.prompt_ids(prompt) for prompt in prompts]
     for entry in results:
         entry["speedup_over_spec_off"] = entry["decode_tok_s_mean"] / off[entry["temperature"]]["decode_tok_s_mean"]
         if entry["temperature"] == 0 and entry["spec"] != "off":
             entry["greedy_tokens_equal_spec_off"] = entry["outputs"] == off[0.0]["outputs"]
             if not entry["greedy_tokens_equal_spec_off"]:
-                entry["differences"] = _differences(args.target, args.device, prompt_ids, off[0.0]["outputs"],
+                entry["differences"] = _differences(args.target, args.device, prompts, off[0.0]["outputs"],
                                                     entry["outputs"])
     for entry in results:
         del entry["outputs"]
@@ -100,7 +100,7 @@ def main() -> None:
     Path(args.out).write_text(json.dumps(report, indent=2))
 
 
-def _differences(target: str, device: str, prompt_ids: list[list[int]], expected: list[list[int]],
+def _differences(target: str, device: str, prompts: list[Prompt], expected: list[list[int]],
                  got: list[list[int]]) -> list[dict]:
     """Where each answer first leaves spec off's, and the float32 target's logit gap between the two tokens."""
     import torch
@@ -108,8 +108,10 @@ def _differences(target: str, device: str, prompt_ids: list[list[int]], expected
     from tools.demo.target import load_target
 
     reference = load_target(Path(target), torch.device(device))
+    tokenizer = ChatTokenizer.load(Path(target))
     found = []
-    for answer, (ids, first, second) in enumerate(zip(prompt_ids, expected, got, strict=True)):
+    for answer, (prompt, first, second) in enumerate(zip(prompts, expected, got, strict=True)):
+        ids = prompt_ids(tokenizer, prompt)
         at = next((i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b), None)
         if at is None:
             continue

@@ -168,7 +168,7 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: DrafterDat
         block_ids[..., 0] = anchor_ids
         features = outputs.context(rows, width)
         with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            out = trainee(embed[block_ids].float(), features.float(), anchors)[:, :, 1:]
+            out = trainee(embed[block_ids], features, anchors)[:, :, 1:]
             logits = (out @ target.lm_head.weight.T.to(out.dtype)).float()
         per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
         weights = torch.exp(-torch.arange(size - 1, device=device) / GAMMA[size]) * valid[..., 1:size]
