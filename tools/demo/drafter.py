@@ -147,39 +147,11 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: DrafterDat
     outputs = TargetOutputs.compute(target, data, config["dflash_config"]["target_layer_ids"], device)
     outputs_seconds = round(time.monotonic() - started, 1)
     log(f"target outputs along {len(data.lengths)} rows: {outputs.features.shape[0]} tokens, {outputs_seconds} s")
-    trainee.to(device).train()
-    optimizer = torch.optim.AdamW(trainee.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95),
-                                  weight_decay=settings.weight_decay)
-    generator = torch.Generator().manual_seed(seed)
-    mask_id = config["dflash_config"]["mask_token_id"]
-    embed = target.get_input_embeddings().weight
+    training = DrafterSteps(trainee, config, target, outputs, data, settings, device, seed)
     losses, steps, step, budget = [], settings.steps, 0, StepBudget(seconds and seconds - outputs_seconds)
     while step < steps:
-        size = BLOCK_SIZES[step % len(BLOCK_SIZES)]
-        # as many block tokens per sequence at every block size
-        rows, anchors, anchor_ids, valid = data.batch(settings.batch, settings.anchors * max(BLOCK_SIZES) // size,
-                                                      size, generator)
-        width = int(anchors.max())  # read on the host: nothing in a step waits for the GPU
-        rows, anchors, anchor_ids, valid = rows.to(device), anchors.to(device), anchor_ids.to(device), valid.to(device)
-        predicted = (anchors[..., None] + torch.arange(1, size, device=device)).flatten(1)  # [S, N·(B-1)]
-        # the target's distribution for token j comes from its logits at j - 1: [S·N·(B-1), V]
-        teacher = outputs.teacher_logits(target, rows, predicted - 1).softmax(-1).flatten(0, 1)
-        block_ids = torch.full((*anchors.shape, size), mask_id, device=device)
-        block_ids[..., 0] = anchor_ids
-        features = outputs.context(rows, width)
-        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-            out = trainee(embed[block_ids], features, anchors)[:, :, 1:]
-            logits = (out @ target.lm_head.weight.T.to(out.dtype)).float()
-        per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
-        weights = torch.exp(-torch.arange(size - 1, device=device) / GAMMA[size]) * valid[..., 1:size]
-        loss = (per_token.view_as(weights) * weights).sum() / weights.sum()
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, steps, settings.learning_rate, settings.warmup)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(trainee.parameters(), 1.0)
-        optimizer.step()
-        losses.append(loss.detach())
+        size, loss = training.step(step, steps)
+        losses.append(loss)
         step += 1
         steps = budget.fit(step, steps)
         if step % 50 == 0 or step == steps:
@@ -189,6 +161,50 @@ def train_drafter(trainee: DFlashTrainee, config: dict, target, data: DrafterDat
     return {"steps": steps, "final_weighted_loss": torch.stack(losses[-30:]).mean().item(),
             "seconds": round(time.monotonic() - started, 1), "target_outputs_seconds": outputs_seconds,
             "sequences": len(data.lengths)}
+
+
+class DrafterSteps:
+    """The drafter's optimizer steps, one at a time: anchor blocks drawn from `data`, the loss against the
+    target's stored distributions, AdamW. Nothing in a step waits for the device, so steps queue up on it."""
+
+    def __init__(self, trainee: DFlashTrainee, config: dict, target, outputs: TargetOutputs, data: DrafterData,
+                 settings: DrafterTraining, device: torch.device, seed: int):
+        self.trainee, self.target, self.outputs, self.data = trainee.to(device).train(), target, outputs, data
+        self.settings, self.device = settings, device
+        self.optimizer = torch.optim.AdamW(trainee.parameters(), lr=settings.learning_rate, betas=(0.9, 0.95),
+                                           weight_decay=settings.weight_decay)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.mask_id = config["dflash_config"]["mask_token_id"]
+
+    def step(self, step: int, steps: int) -> tuple[int, torch.Tensor]:
+        """Step `step` of `steps` (for the learning rate schedule) -> its block size and loss (on the device)."""
+        device, settings, outputs = self.device, self.settings, self.outputs
+        size = BLOCK_SIZES[step % len(BLOCK_SIZES)]
+        # as many block tokens per sequence at every block size
+        rows, anchors, anchor_ids, valid = self.data.batch(settings.batch,
+                                                           settings.anchors * max(BLOCK_SIZES) // size, size,
+                                                           self.generator)
+        width = int(anchors.max())  # read on the host: nothing in a step waits for the GPU
+        rows, anchors, anchor_ids, valid = rows.to(device), anchors.to(device), anchor_ids.to(device), valid.to(device)
+        predicted = (anchors[..., None] + torch.arange(1, size, device=device)).flatten(1)  # [S, N·(B-1)]
+        # the target's distribution for token j comes from its logits at j - 1: [S·N·(B-1), V]
+        teacher = outputs.teacher_logits(self.target, rows, predicted - 1).softmax(-1).flatten(0, 1)
+        block_ids = torch.full((*anchors.shape, size), self.mask_id, device=device)
+        block_ids[..., 0] = anchor_ids
+        features = outputs.context(rows, width)
+        with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+            out = self.trainee(self.target.get_input_embeddings().weight[block_ids], features, anchors)[:, :, 1:]
+            logits = (out @ self.target.lm_head.weight.T.to(out.dtype)).float()
+        per_token = -(teacher * logits.flatten(0, -2).log_softmax(-1)).sum(-1)
+        weights = torch.exp(-torch.arange(size - 1, device=device) / GAMMA[size]) * valid[..., 1:size]
+        loss = (per_token.view_as(weights) * weights).sum() / weights.sum()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(step, steps, settings.learning_rate, settings.warmup)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.trainee.parameters(), 1.0)
+        self.optimizer.step()
+        return size, loss.detach()
 
 
 def export_drafter(trainee: DFlashTrainee, config: dict, folder: Path) -> Path:
