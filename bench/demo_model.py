@@ -16,6 +16,7 @@ on the same machine.
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -105,10 +106,7 @@ def _differences(target: str, device: str, prompts: list[Prompt], expected: list
     """Where each answer first leaves spec off's, and the float32 target's logit gap between the two tokens."""
     import torch
 
-    from tools.demo.target import load_target
-
-    reference = load_target(Path(target), torch.device(device))
-    tokenizer = ChatTokenizer.load(Path(target))
+    reference, tokenizer = _float32_target(target, device)
     found = []
     for answer, (prompt, first, second) in enumerate(zip(prompts, expected, got, strict=True)):
         ids = prompt_ids(tokenizer, prompt)
@@ -120,6 +118,16 @@ def _differences(target: str, device: str, prompts: list[Prompt], expected: list
         found.append({"answer": answer, "token_index": at, "spec_off_token": first[at], "this_token": second[at],
                       "float32_logit_gap": round(float(logits[first[at]] - logits[second[at]]), 4)})
     return found
+
+
+@functools.cache
+def _float32_target(target: str, device: str):
+    """The transformers target in float32 and its tokenizer, loaded once for all runs' differences."""
+    import torch
+
+    from tools.demo.target import load_target
+
+    return load_target(Path(target), torch.device(device)), ChatTokenizer.load(Path(target))
 
 
 def _machine(device: str) -> dict:
