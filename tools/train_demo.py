@@ -122,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
     dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps,
                         batch=args.drafter_batch or dsettings.batch,
+                        anchors=args.drafter_anchors or dsettings.anchors,
                         learning_rate=args.drafter_lr or dsettings.learning_rate)
     torch.manual_seed(args.seed)
     trainee = DFlashTrainee(dconfig)
@@ -173,6 +174,12 @@ def _share(args, phase: str) -> float | None:
     return args.seconds * shares[phase]
 
 
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number above 0")
+    return int(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "resources" / "models"),
@@ -181,11 +188,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, help="wall time for the three phases together")
-    parser.add_argument("--target-steps", type=int)
-    parser.add_argument("--drafter-steps", type=int)
-    parser.add_argument("--drafter-batch", type=int, help="sequences per drafter step (default in drafter.py)")
+    parser.add_argument("--target-steps", type=_count)
+    parser.add_argument("--drafter-steps", type=_count)
+    parser.add_argument("--drafter-batch", type=_count, help="sequences per drafter step (default in drafter.py)")
+    parser.add_argument("--drafter-anchors", type=_count,
+                        help="anchor blocks per sequence at the largest block size (default in drafter.py)")
     parser.add_argument("--drafter-lr", type=float, help="the drafter's peak learning rate (default in drafter.py)")
-    parser.add_argument("--drafter-layers", type=int, help="drafter depth (default in tools/demo/drafter.py)")
+    parser.add_argument("--drafter-layers", type=_count, help="drafter depth (default in tools/demo/drafter.py)")
     parser.add_argument("--target-layers", help="comma-separated target layers whose outputs the drafter reads "
                                                 "(default in tools/demo/drafter.py)")
     parser.add_argument("--invented-prompts", type=int,
@@ -194,7 +203,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--greedy-training-prompts", type=int,
                         help="answer at most this many training prompts greedily (default: two thirds of them); the "
                              "other greedy answers are to invented prompts")
-    parser.add_argument("--greedy-prompts", type=int, help="answer at most this many prompts greedily")
+    parser.add_argument("--greedy-prompts", type=_count, help="answer at most this many prompts greedily")
     parser.add_argument("--target-from", help="a target folder trained before (with training.json beside it): "
                                               "train only its drafter")
     return parser
