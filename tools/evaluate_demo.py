@@ -1,6 +1,6 @@
 """Measure the shipped demo model on this machine (CPU, float32) and write its model card.
 
-    python tools/evaluate_demo.py [--prompts 32] [--new 128] [--routing-only]
+    python tools/evaluate_demo.py [--prompts 128] [--new 128] [--routing-only]
 
 Writes resources/models/evaluation.json and resources/models/README.md (the card, which also quotes
 training.json and the benchmark results bench/results/demo-model-*.json). Measured here:
@@ -43,7 +43,7 @@ SLOT_COUNTS = (4, 8, 12)  # cached experts per layer, of the demo's 16
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--new", type=int, default=128)
     parser.add_argument("--routing-chats", type=int, default=128, help="held-out chats the routing is read from")
     parser.add_argument("--cache-prompts", type=int, default=8, help="held-out prompts the engine answers")
