@@ -8,6 +8,7 @@ from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
 from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy
+from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
 
 PROMPT_LENGTH = 20  # longer than the tiny model's sliding window of 8
 NEW_TOKENS = 32
@@ -150,3 +151,14 @@ def _replayed_misses(routing, slots: int) -> int:
                     resident.add(key)
                 eviction.used(key)
     return misses
+
+
+def test_an_attention_width_other_than_the_hidden_size_matches_transformers(tmp_path):
+    """gpt-oss-20b projects its 2880-wide hidden state to 64 heads × 64 = 4096 query features; the tiny
+    models are square (4 × 16 = 64), so this one is not: hidden 96, queries 64 wide."""
+    folder = write_tiny_gpt_oss(tmp_path / "wide", hidden_size=96)
+    model = load_model(ModelFolder.open(folder), dtype="float32", context=64).model
+    assert model.config.hidden_size != model.config.num_attention_heads * model.config.head_dim
+    ours, expected = prompt_and_decode_logits(model, reference(folder), prompt(5), 6)
+    assert (ours - expected).abs().max() <= 1e-4
+    assert expected.std() > 0.5

@@ -91,11 +91,13 @@ def reference_draft_logits(drafter_folder, features, block, embed, lm_head) -> t
     return norm(h[1:], w["norm.weight"]) @ lm_head.T
 
 
-@pytest.mark.parametrize("prefix", ["", "model."])
-def test_drafts_equal_the_formula_level_reference(prefix, tiny_gpt_oss, resident_target, reference_hidden_states,
-                                                  tmp_path):
+# gpt-oss drafters project the 2880-wide hidden state to more query features than that, as their targets do
+@pytest.mark.parametrize(("prefix", "sizes"), [("", {}), ("model.", {}), ("", {"head_dim": 24})],
+                         ids=["plain", "prefixed", "queries-wider-than-hidden"])
+def test_drafts_equal_the_formula_level_reference(prefix, sizes, tiny_gpt_oss, resident_target,
+                                                  reference_hidden_states, tmp_path):
     hidden_states, embed, lm_head = reference_hidden_states
-    folder = write_tiny_dflash(tmp_path / "drafter", target_config(tiny_gpt_oss), prefix=prefix, seed=3)
+    folder = write_tiny_dflash(tmp_path / "drafter", target_config(tiny_gpt_oss), prefix=prefix, seed=3, **sizes)
     speculation = DFlashSpeculation(folder, None)
     speculation.load(resident_target)
     features = torch.cat([hidden_states[layer + 1] for layer in (0, 2)], dim=-1)  # the drafter's target layers
