@@ -26,7 +26,9 @@ data), the same step counts and the same device repeats itself:
 Step counts: --target-steps / --drafter-steps (defaults in tools/demo/target.py and drafter.py). With
 --seconds, each phase gets a share of that wall time and fits its step count (or the number of greedy
 continuations) to it; training.json records the counts that ran, so a rerun with --target-steps,
---drafter-steps and --greedy-prompts repeats the run.
+--drafter-steps and --greedy-prompts repeats the run. Sizes: --target-hidden widens the target's residual
+stream (its heads keep their sizes, as gpt-oss-20b's do; the drafter's hidden size follows), --drafter-layers
+deepens the drafter.
 """
 
 import argparse
@@ -60,6 +62,7 @@ TIME_SHARES = {"target": 0.5, "continuations": 0.17, "drafter": 0.33}
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    target_hidden = _target_hidden(args)
     started = time.monotonic()
     device = torch.device(args.device)
     out = Path(args.out)
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     log(f"tokenizer: {learned} tokens; {sum(len(p) + len(a) for p, a in train_ids)} training tokens")
 
     if not args.target_from:
-        config = targeting.target_config(args.smoke, vocab)
+        config = targeting.target_config(args.smoke, vocab, target_hidden)
         settings = targeting.SMOKE_TRAINING if args.smoke else targeting.FULL_TRAINING
         settings = replace(settings, steps=args.target_steps or settings.steps)
         model = targeting.build_target(config, settings, args.seed)
@@ -174,6 +177,15 @@ def _share(args, phase: str) -> float | None:
     return args.seconds * shares[phase]
 
 
+def _target_hidden(args) -> int | None:
+    if args.target_hidden and args.target_from:
+        raise SystemExit("--target-hidden sizes a new target, and --target-from trains a drafter for one trained "
+                         "before: give one of them")
+    if args.target_hidden and args.target_hidden % 32:
+        raise SystemExit(f"--target-hidden {args.target_hidden}: give a multiple of 32 (the width of an MXFP4 group)")
+    return args.target_hidden
+
+
 def _count(text: str) -> int:
     if not text.isdigit() or int(text) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count: give a whole number above 0")
@@ -189,6 +201,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seconds", type=float, help="wall time for the three phases together")
     parser.add_argument("--target-steps", type=_count)
+    parser.add_argument("--target-hidden", type=_count,
+                        help="the target's hidden size, a multiple of 32 (default in tools/demo/target.py); "
+                             "the drafter's follows it")
     parser.add_argument("--drafter-steps", type=_count)
     parser.add_argument("--drafter-batch", type=_count, help="sequences per drafter step (default in drafter.py)")
     parser.add_argument("--drafter-anchors", type=_count,

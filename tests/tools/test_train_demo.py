@@ -24,10 +24,15 @@ from tools.demo.target import load_target
 from tools.train_demo import DRAFTER_NAME, TARGET_NAME, TRAINING_FILE, main
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+# the smoke sizes, and a target whose residual stream (96) is wider than its 64 query features, as gpt-oss-20b's is
+@pytest.fixture(scope="module", params=[[], ["--target-hidden", "96"]], ids=["smoke-sizes", "wider-target"])
+def trained(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    main(["--smoke", "--out", str(out), "--target-steps", "3", "--drafter-steps", "3", "--invented-prompts", "4"])
+    main(["--smoke", "--out", str(out), "--target-steps", "3", "--drafter-steps", "3", "--invented-prompts", "4",
+          *request.param])
+    if request.param:
+        assert json.loads((out / TARGET_NAME / "config.json").read_text())["hidden_size"] == 96
+        assert json.loads((out / DRAFTER_NAME / "config.json").read_text())["hidden_size"] == 96
     return out
 
 

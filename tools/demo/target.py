@@ -46,9 +46,12 @@ FULL_TRAINING = TargetTraining(steps=2000, batch=32, sequence=512, learning_rate
 SMOKE_TRAINING = TargetTraining(steps=30, batch=4, sequence=128, learning_rate=3e-3, warmup=5)
 
 
-def target_config(smoke: bool, vocab_size: int) -> dict:
-    sizes = {**(SMOKE_SIZES if smoke else FULL_SIZES), "vocab_size": vocab_size}
-    return tiny_gpt_oss_config(**sizes)
+def target_config(smoke: bool, vocab_size: int, hidden_size: int | None = None) -> dict:
+    """`hidden_size` widens the residual stream only: the heads keep their sizes (as gpt-oss-20b's 64 × 64
+    query features are not its 2880)."""
+    sizes = SMOKE_SIZES if smoke else FULL_SIZES
+    return tiny_gpt_oss_config(**{**sizes, "vocab_size": vocab_size,
+                                  "hidden_size": hidden_size or sizes["hidden_size"]})
 
 
 def build_target(config: dict, settings: TargetTraining, seed: int) -> GptOssForCausalLM:
