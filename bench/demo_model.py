@@ -44,7 +44,8 @@ def run(session: Session, prompts: list[Prompt], temperature: float, new: int) -
         rates.append(stats["decode_tok_s"])
         if "spec" in stats:
             steps += stats["spec"]["steps"]
-            emitted += sum(stats["spec"]["accepted_per_step"]) + stats["spec"]["steps"]
+            # the tokens after the prefill's first; drafts a step accepted past a stop token are not emitted
+            emitted += len(result["token_ids"]) - 1
     figures = {"tokens": tokens, "decode_tok_s_median": statistics.median(rates), "decode_tok_s_mean":
                statistics.fmean(rates)}
     if steps:
