@@ -81,9 +81,9 @@ def write_card(folder: Path) -> Path:
         + ", ".join(f"block {size}: **{tau}**" for size, tau in evaluation["greedy_tau"]["tau"].items())
         + ". The target was τ ≥ 3 at block 8" + (": missed." if evaluation["greedy_tau"]["tau"]["8"] < 3 else ": met."),
         "",
-        "Engine runs (`bench/demo_model.py`, τ and decode speed, speculation off and on). Their prompts are the "
-        "first few of the held-out set, and acceptance differs widely from prompt to prompt: their τ and speed-ups "
-        "hold for these prompts; the line above is the wider measure of acceptance.",
+        "Engine runs (`bench/demo_model.py`, τ and decode speed, speculation off and on), each on the first "
+        "prompts of the held-out set (the prompts column). Acceptance differs widely from prompt to prompt, so a "
+        "run's τ and speed-ups hold for its own prompts; the runs on the most prompts are the wider measure.",
         "",
         "| machine | dtype | prompts × max tokens | spec | block | temperature | τ | decode tok/s (mean) |",
         "|---|---|---|---|---|---|---|---|",
