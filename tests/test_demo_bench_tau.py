@@ -38,4 +38,3 @@ def test_the_benchmarks_tau_is_the_replays_on_answers_that_stop_inside_a_block()
         emitted, steps = emitted + tokens, steps + count
     assert figures["verify_steps"] == steps
     assert figures["tau"] == emitted / steps
-
