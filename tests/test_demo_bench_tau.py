@@ -4,7 +4,6 @@ drafts that a step accepted past the answer's stop token are not emitted and do 
 import json
 
 import torch
-from safetensors.torch import load_file
 
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
@@ -29,8 +28,7 @@ def test_the_benchmarks_tau_is_the_replays_on_answers_that_stop_inside_a_block()
 
     target, tokenizer = load_target(DEMO_MODEL, torch.device("cpu")), ChatTokenizer.load(DEMO_MODEL)
     config = json.loads((DEMO_DRAFTER / "config.json").read_text())
-    trainee = DFlashTrainee(config)
-    trainee.load_state_dict({k: v.float() for k, v in load_file(str(DEMO_DRAFTER / "model.safetensors")).items()})
+    trainee = DFlashTrainee.from_folder(DEMO_DRAFTER)
     emitted = steps = 0
     for chat, answer in zip(chats, figures["outputs"], strict=True):
         prompt, _ = encode_chat(tokenizer, Chat(chat["messages"], chat["reasoning_effort"], chat["answer"]))

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -72,8 +71,7 @@ def main() -> None:
 def measure_model(target, chats, args) -> dict:
     """Held-out perplexity and greedy τ."""
     config = json.loads((DEMO_DRAFTER / "config.json").read_text())
-    trainee = DFlashTrainee(config)
-    trainee.load_state_dict({k: v.float() for k, v in load_file(str(DEMO_DRAFTER / "model.safetensors")).items()})
+    trainee = DFlashTrainee.from_folder(DEMO_DRAFTER)
     emitted, steps = dict.fromkeys(BLOCK_SIZES, 0), dict.fromkeys(BLOCK_SIZES, 0)
     for prompt, _ in chats[: args.prompts]:
         out = target.generate(input_ids=torch.tensor([prompt]), max_new_tokens=args.new, do_sample=False,

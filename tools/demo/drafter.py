@@ -11,12 +11,14 @@ was accepted. Block sizes cycle through 16, 8 and 4, with as many block tokens p
 that one drafter serves every block size the engine picks.
 """
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from torch import nn
 
 from app.engine.rope import Rotary, rotate_halves
@@ -99,6 +101,14 @@ class DFlashTrainee(nn.Module):
         self.norm = _RMSNorm(hidden, config["rms_norm_eps"])
         self.layers = nn.ModuleList(_Layer(config) for _ in range(config["num_hidden_layers"]))
         self.rotary_args = (config["head_dim"], config["rope_theta"], None)
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> "DFlashTrainee":
+        """An exported drafter (config.json, bf16 model.safetensors) back in this module, in float32."""
+        trainee = cls(json.loads((folder / "config.json").read_text()))
+        stored = load_file(str(folder / "model.safetensors"))
+        trainee.load_state_dict({name: tensor.float() for name, tensor in stored.items()})
+        return trainee
 
     def forward(self, blocks: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
         """blocks [S, N, B, H] (embedded anchor + mask tokens), features [S, L, K·H] of the target,
