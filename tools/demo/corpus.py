@@ -16,6 +16,7 @@ import inspect
 import io
 import pkgutil
 import random
+import re
 import sys
 import textwrap
 import warnings
@@ -39,6 +40,8 @@ QUESTIONS = {
     "topic": ("Explain the Python topic '{name}'.", "What does the Python reference say about '{name}'?"),
 }
 REASONING_EFFORTS = (None, None, "low", "medium", "high")
+# A default such as `<object object at 0x7f…>` differs from run to run; the data must not.
+OBJECT_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>")
 
 
 @dataclass(frozen=True)
@@ -151,6 +154,7 @@ def _callable_items(name: str, value) -> Iterator[Item]:
             signature = str(inspect.signature(value)) if not inspect.isclass(value) else ""
         except (TypeError, ValueError):
             signature = ""
+        signature = OBJECT_ADDRESS.sub(">", signature)
         yield Item("doc", name, _shorten(f"`{name}{signature}`\n\n{doc}"))
     if inspect.isfunction(value):
         try:
