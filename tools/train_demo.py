@@ -3,9 +3,9 @@
     python tools/train_demo.py --smoke --out /tmp/demo            (the whole pipeline on a 2-core CPU, ~1 minute)
     python tools/evaluate_demo.py                                 (perplexity, acceptance, routing: the model card)
 
-The shipped model came from two runs on one H200 (4.0 + 7.5 minutes; training.json records both):
-    python tools/train_demo.py --device cuda --seconds 330 --out OUT
-    python tools/train_demo.py --device cuda --target-from OUT/demo-gpt-oss --seconds 455
+The shipped model came from two runs on one H200 (2.3 + 6.5 minutes; training.json records both):
+    python tools/train_demo.py --device cuda --seconds 120 --target-steps 350 --target-hidden 384 --out OUT
+    python tools/train_demo.py --device cuda --target-from OUT/demo-gpt-oss --seconds 375 --drafter-steps 100000
 
 What it does, seeded (--seed, default 0) so that a run with the same Python (its standard library is the
 data), the same step counts and the same device repeats itself:

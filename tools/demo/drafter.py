@@ -45,7 +45,7 @@ class DrafterTraining:
     weight_decay: float = 0.01
 
 
-FULL_TRAINING = DrafterTraining(steps=6325, batch=128, anchors=16, learning_rate=2e-3, warmup=50)
+FULL_TRAINING = DrafterTraining(steps=5047, batch=128, anchors=16, learning_rate=2e-3, warmup=50)
 SMOKE_TRAINING = DrafterTraining(steps=30, batch=4, anchors=4, learning_rate=3e-3, warmup=5)
 
 
