@@ -27,12 +27,11 @@ def test_the_benchmarks_tau_is_the_replays_on_answers_that_stop_inside_a_block()
                   0.0, 64)
 
     target, tokenizer = load_target(DEMO_MODEL, torch.device("cpu")), ChatTokenizer.load(DEMO_MODEL)
-    config = json.loads((DEMO_DRAFTER / "config.json").read_text())
     trainee = DFlashTrainee.from_folder(DEMO_DRAFTER)
     emitted = steps = 0
     for chat, answer in zip(chats, figures["outputs"], strict=True):
         prompt, _ = encode_chat(tokenizer, Chat(chat["messages"], chat["reasoning_effort"], chat["answer"]))
-        tokens, count = greedy_tau(target, trainee, config, prompt, answer, BLOCK)
+        tokens, count = greedy_tau(target, trainee, prompt, answer, BLOCK)
         emitted, steps = emitted + tokens, steps + count
     assert figures["verify_steps"] == steps
     assert figures["tau"] == emitted / steps

@@ -70,7 +70,6 @@ def main() -> None:
 
 def measure_model(target, chats, args) -> dict:
     """Held-out perplexity and greedy τ."""
-    config = json.loads((DEMO_DRAFTER / "config.json").read_text())
     trainee = DFlashTrainee.from_folder(DEMO_DRAFTER)
     emitted, steps = dict.fromkeys(BLOCK_SIZES, 0), dict.fromkeys(BLOCK_SIZES, 0)
     for prompt, _ in chats[: args.prompts]:
@@ -78,7 +77,7 @@ def measure_model(target, chats, args) -> dict:
                               pad_token_id=STOP_IDS[1], eos_token_id=STOP_IDS)
         continuation = out[0, len(prompt):].tolist()
         for size in BLOCK_SIZES:
-            tokens, count = greedy_tau(target, trainee, config, prompt, continuation, size)
+            tokens, count = greedy_tau(target, trainee, prompt, continuation, size)
             emitted[size], steps[size] = emitted[size] + tokens, steps[size] + count
     tau = {size: round(emitted[size] / steps[size], 3) for size in BLOCK_SIZES}
     print(f"greedy τ {tau}", flush=True)

@@ -102,7 +102,6 @@ def test_the_greedy_acceptance_replay_counts_the_steps_our_engine_takes(trained)
     engine = events[-1].stats["spec"]
 
     reference = load_target(trained / TARGET_NAME, torch.device("cpu"))
-    config = json.loads((trained / DRAFTER_NAME / "config.json").read_text())
-    emitted, steps = greedy_tau(reference, trainee_of(trained), config, ids, tokens, 4)
+    emitted, steps = greedy_tau(reference, trainee_of(trained), ids, tokens, 4)
     assert steps == engine["steps"]
     assert emitted == sum(engine["accepted_per_step"]) + engine["steps"] == new - 1

@@ -13,9 +13,10 @@ from tools.demo.drafter import DFlashTrainee
 
 
 @torch.no_grad()
-def greedy_tau(target, trainee: DFlashTrainee, config: dict, prompt: list[int], continuation: list[int],
+def greedy_tau(target, trainee: DFlashTrainee, prompt: list[int], continuation: list[int],
                block_size: int) -> tuple[int, int]:
     """(tokens emitted, verify steps) of greedy speculation with `block_size` over `continuation`."""
+    config = trainee.config
     sequence = torch.tensor([prompt + continuation])
     layer_ids = config["dflash_config"]["target_layer_ids"]
     hidden = target(input_ids=sequence, output_hidden_states=True).hidden_states

@@ -95,6 +95,7 @@ class DFlashTrainee(nn.Module):
 
     def __init__(self, config: dict):
         super().__init__()
+        self.config = config  # the exported config.json
         hidden, width = config["hidden_size"], len(config["dflash_config"]["target_layer_ids"]) * config["hidden_size"]
         self.fc = nn.Linear(width, hidden, bias=False)
         self.hidden_norm = _RMSNorm(hidden, config["rms_norm_eps"])

@@ -17,7 +17,7 @@ from tests.fixtures.tiny_gpt_oss import tiny_gpt_oss_config, write_gpt_oss_folde
 
 # Sizes on top of gpt-oss-20b's config.json (the other keys, YaRN included, stay). The sliding window is 8
 # tokens (the tiny test models' value, which the shipped model was trained with), not the 20b's 128. The
-# residual stream (384) is wider than the 4 × 64 query features, as the 20b's is.
+# residual stream is wider than the 4 × 64 query features, as the 20b's is.
 FULL_SIZES = {
     "hidden_size": 384, "intermediate_size": 256, "head_dim": 64, "num_attention_heads": 4,
     "num_key_value_heads": 2, "num_hidden_layers": 6, "num_local_experts": 16, "num_experts_per_tok": 4,
