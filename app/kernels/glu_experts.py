@@ -11,12 +11,15 @@ the same signature; `glu_experts_op` picks one for a device.
 """
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
 from app.engine.fp8 import dequantize
 from app.engine.layers import silu_glu
-from app.kernels.choice import kernel_or_reference
+from app.kernels.choice import kernel_or_reference, triton_runs
+from app.kernels.expert_op import ExpertOp
+from app.kernels.expert_table import ExpertTable
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -60,5 +63,25 @@ def glu_experts(
     return run_experts(hidden, arenas, slots, weights, fp8_block)
 
 
+def glu_experts_from_table(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    table: ExpertTable,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_block: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """`glu_experts` reading each expert where its row of `table` points (rows [T, k], -1: skip)."""
+    from app.kernels.glu_experts_triton import run_from_table
+
+    return run_from_table(hidden, arenas, table, rows, weights, fp8_block)
+
+
 def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
     return kernel_or_reference(device, glu_experts, glu_experts_torch)
+
+
+def glu_expert_op(device: torch.device, fp8_block: tuple[int, int] | None) -> ExpertOp:
+    """The op a GLM model hands its expert cache."""
+    by_table = partial(glu_experts_from_table, fp8_block=fp8_block) if triton_runs(device) else None
+    return ExpertOp(partial(glu_experts_op(device), fp8_block=fp8_block), by_table, capturable=device.type == "cuda")

@@ -1,7 +1,8 @@
 """Triton kernels for SiLU-gated routed experts (GLM): one launch per projection for all tokens and picks.
 
-Pairs (token, pick) are grouped into tiles that share a cache slot (expert_tiles.py), so each tile
-reads its expert's weights once, straight from the cache arena, in the checkpoint's layout (rows are
+Pairs (token, pick) are grouped into tiles that share an expert (expert_tiles.py), so each tile reads its
+expert's weights once, from wherever its row of an address table points (expert_table.py: a cache slot, or
+page-locked host memory in place, optionally copied into a slot as it is read), in the checkpoint's layout (rows are
 output features: gate/up [S, W, H], down [S, H, W]). Weights are bf16 or FP8 e4m3, converted in
 registers to the activations' dtype (FP8 with bf16 activations: to float16 by default, one instruction
 per two weights instead of three per weight; e4m3 values are exact there); an FP8 scale multiplies
@@ -22,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.expert_table import ExpertTable, columns, row_is_written, row_pointer, slot_table
 from app.kernels.expert_tiles import (
     INTERPRETED,
     MAX_PAIRS,
@@ -67,8 +69,15 @@ class Projection:
         """Inputs per loop step: a block scale's columns split into whole steps."""
         return math.gcd(tiles.depth, self.block[1]) if self.kind == PER_BLOCK else tiles.depth
 
-    def kernel_args(self) -> tuple:
-        return self.weight, self.scale
+    def typed_pointers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tensors whose pointers give the kernel the weight's and the scale's dtypes."""
+        return self.weight, self.weight if self.scale is None else self.scale
+
+    def table_columns(self, names: tuple[str, ...], name: str) -> tuple[int, int]:
+        """The table's columns of the weight and its scale (the weight's own when unscaled)."""
+        weight = names.index(f"{name}.weight")
+        scale = {NO_SCALE: None, PER_CHANNEL: PER_CHANNEL_SCALE, PER_BLOCK: BLOCK_SCALE}[self.kind]
+        return weight, weight if scale is None else names.index(f"{name}.{scale}")
 
     def constants(self, half: bool) -> dict:
         """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16)."""
@@ -85,65 +94,77 @@ def run_experts(
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
-    tokens, picks = slots.shape
+    return run_from_table(hidden, arenas, slot_table(arenas), slots, weights, fp8_block, config)
+
+
+def run_from_table(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    table: ExpertTable,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_block: tuple[int, int] | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """`run_experts` reading each expert where its row of `table` points: rows [T, k] (-1: skip). The arenas
+    give the tensors' names, shapes and dtypes (the table's columns)."""
+    tokens, picks = rows.shape
     chunk = max(1, MAX_PAIRS // picks)
     if tokens > chunk:
         parts = (slice(i, i + chunk) for i in range(0, tokens, chunk))
-        return torch.cat([run_experts(hidden[p], arenas, slots[p], weights[p], fp8_block, config) for p in parts])
-    assert hidden.dim() == 2 and hidden.shape[0] == tokens and weights.shape == slots.shape
+        return torch.cat([run_from_table(hidden[p], arenas, table, rows[p], weights[p], fp8_block, config)
+                          for p in parts])
+    assert hidden.dim() == 2 and hidden.shape[0] == tokens and weights.shape == rows.shape
     assert all(t.is_contiguous() for t in arenas.values()), "expert arenas must be contiguous"
-    hidden, slots, weights = hidden.contiguous(), slots.contiguous(), weights.contiguous()
+    hidden, rows, weights = hidden.contiguous(), rows.contiguous(), weights.contiguous()
     gate, up, down = (Projection.of(arenas, name, fp8_block) for name in ("gate_proj", "up_proj", "down_proj"))
     assert gate.kind == up.kind and gate.block == up.block, "gate_proj and up_proj must share one format"
+    assert gate.weight.dtype == up.weight.dtype, "gate_proj and up_proj must share one dtype"
     num_slots, width, hidden_size = gate.weight.shape
     assert hidden.shape[1] == hidden_size and down.weight.shape == (num_slots, hidden_size, width)
-    config = config or pick_config(slots.numel())
+    config = config or pick_config(rows.numel())
+    names = columns(arenas)
 
-    num_pairs, device = slots.numel(), hidden.device
-    plan = plan_tiles(slots, num_slots, config.pairs_per_tile)
+    num_pairs, device = rows.numel(), hidden.device
+    plan = plan_tiles(rows, table.reads.shape[0], config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
+    writes = table.writes if table.writes is not None else table.reads  # read only with HAS_WRITES
+    tables = dict(COLUMNS=len(names), HAS_WRITES=table.writes is not None)
     shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile)
     half = config.fp16_products and hidden.dtype != torch.float32
 
     activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features // 2))](
-        hidden, *gate.kernel_args(), _element_offset(up.weight, gate.weight), up.scale, *tiles_in, activations,
-        hidden_size, width, picks,
-        **shared, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
-        num_warps=tiles.warps, num_stages=tiles.stages,
+        hidden, *gate.typed_pointers(), table.reads, writes, *tiles_in, activations, hidden_size, width, picks,
+        *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
+        **shared, **tables, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
+        ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
-        activations, *down.kernel_args(), weights, *tiles_in, per_pick, hidden_size, width,
-        **shared, **down.constants(half), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
+        activations, *down.typed_pointers(), table.reads, writes, weights, *tiles_in, per_pick, hidden_size, width,
+        *down.table_columns(names, "down_proj"),
+        **shared, **tables, **down.constants(half), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
-    return sum_picks(per_pick, slots, hidden.dtype)
-
-
-def _element_offset(tensor: torch.Tensor, base: torch.Tensor) -> int:
-    """Where `tensor` starts, in elements from `base` (same dtype)."""
-    offset, remainder = divmod(tensor.data_ptr() - base.data_ptr(), base.element_size())
-    assert tensor.dtype == base.dtype and remainder == 0, "gate_proj and up_proj arenas must share one dtype"
-    return offset
+    return sum_picks(per_pick, rows, hidden.dtype)
 
 
 @triton.jit
 def _row_pointers(
-    weight_ptr, scale_ptr, slot, features, n_size, k_size,
+    weight_ptr, scale_ptr, features, n_size, k_size,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
 ):
-    """Per row of a tile: where W[slot][feature, :] starts and where its scales start (its per-channel scale
-    or its row of block scales; the weight's own pointer when unscaled). `weight_ptr` / `scale_ptr` may
+    """Per row of a tile: where W[feature, :] of one expert starts and where its scales start (its per-channel
+    scale or its row of block scales; the weight's own pointer when unscaled). `weight_ptr` / `scale_ptr` may
     differ per row (gate rows and up rows in one tile)."""
-    w_rows = weight_ptr + slot * n_size * k_size + features * k_size
+    w_rows = weight_ptr + features * k_size
     if SCALES == 1:
-        s_rows = scale_ptr + slot * n_size + features
+        s_rows = scale_ptr + features
     elif SCALES == 2:
-        scale_cols = tl.cdiv(k_size, SCALE_COLS)
-        s_rows = scale_ptr + slot * tl.cdiv(n_size, SCALE_ROWS) * scale_cols + (features // SCALE_ROWS) * scale_cols
+        s_rows = scale_ptr + (features // SCALE_ROWS) * tl.cdiv(k_size, SCALE_COLS)
     else:
         s_rows = w_rows
     return w_rows, s_rows
@@ -151,64 +172,98 @@ def _row_pointers(
 
 @triton.jit
 def _expert_matmul(
-    x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
+    x_ptr, rows, used, w_rows, s_rows, write_w_rows, write_s_rows, row_ok, write_ok, k_begin, k_end, k_size,
     SCALES: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, HAS_WRITES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """W[:, k_begin:k_end] @ x[rows, k_begin:k_end]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0) for the
-    weight rows of `_row_pointers`, scaled as SCALES says; x rows are k_size long."""
+    weight rows of `_row_pointers`, scaled as SCALES says; x rows are k_size long. Weights and scales read are
+    also stored at the write rows where `write_ok`."""
     depth = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows[None, :].to(tl.int64) * k_size + k_begin + depth[:, None]  # [BLOCK_K, BLOCK_M]
-    w_ptrs = w_rows[:, None] + k_begin + depth[None, :]  # [BLOCK_N, BLOCK_K]
+    offsets = k_begin + depth[None, :]  # [1, BLOCK_K] from each row's start
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
+        in_depth = depth[None, :] < k_end - k0
         x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_end - k0), other=0.0)
-        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
+        w = tl.load(w_rows[:, None] + offsets, mask=row_ok[:, None] & in_depth, other=0.0)
+        if HAS_WRITES:
+            tl.store(write_w_rows[:, None] + offsets, w, mask=write_ok[:, None] & in_depth)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
         elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
             w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         if SCALES == 2:
-            scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)
+            stored_scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0)
+            if HAS_WRITES:
+                tl.store(write_s_rows + k0 // SCALE_COLS, stored_scale, mask=write_ok)
             products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
-            acc += products * scale[:, None]
+            acc += products * stored_scale.to(tl.float32)[:, None]
         else:
             acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
-        w_ptrs += BLOCK_K
+        offsets += BLOCK_K
         x_ptrs += BLOCK_K
     if SCALES == 1:
-        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        stored_scale = tl.load(s_rows, mask=row_ok, other=0.0)
+        if HAS_WRITES:
+            tl.store(write_s_rows, stored_scale, mask=write_ok)
+        acc *= stored_scale.to(tl.float32)[:, None]
     return acc
 
 
 @triton.jit
+def _gate_and_up(table_ptr, row, gate_column, gate_scale_column, up_column, up_scale_column, is_up,
+                 gate_ptr, gate_scale_ptr, COLUMNS: tl.constexpr, SCALES: tl.constexpr, ELEMENT_BYTES: tl.constexpr):
+    """Per tile row, the start of the expert's gate weights (the first BLOCK_N / 2 rows) or up weights (the
+    others), and of their scales, from one row of an address table."""
+    gate = row_pointer(table_ptr, row, gate_column, COLUMNS, gate_ptr)
+    up_offset = tl.load(table_ptr + row * COLUMNS + up_column) - tl.load(table_ptr + row * COLUMNS + gate_column)
+    # up rows as an element offset from the gate weights (times 0 or 1, not tl.where, which hides the rows'
+    # alignment): Triton then loads them 16 bytes at a time, asynchronously
+    weights = tl.multiple_of(gate + is_up.to(tl.int64) * (up_offset // ELEMENT_BYTES), 16)
+    if SCALES == 0:
+        return weights, weights
+    gate_scales = row_pointer(table_ptr, row, gate_scale_column, COLUMNS, gate_scale_ptr)
+    up_scales = row_pointer(table_ptr, row, up_scale_column, COLUMNS, gate_scale_ptr)
+    return weights, tl.where(is_up, up_scales, gate_scales)
+
+
+@triton.jit
 def _gate_up_kernel(
-    hidden_ptr, gate_ptr, gate_scale_ptr, up_offset, up_scale_ptr,
+    hidden_ptr, gate_ptr, gate_scale_ptr, reads_ptr, writes_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr, hidden_size, width, picks,
+    gate_column, gate_scale_column, up_column, up_scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, COLUMNS: tl.constexpr,
+    HAS_WRITES: tl.constexpr, ELEMENT_BYTES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """A tile's rows are BLOCK_N / 2 gate rows, then the same features' up rows: one product reads both."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
-    positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
+    positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
-    row = tl.arange(0, BLOCK_N)
-    is_up = row >= BLOCK_N // 2
-    features = tl.program_id(1) * (BLOCK_N // 2) + row % (BLOCK_N // 2)
-    # up rows as an element offset from the gate arena (times 0 or 1, not tl.where, which hides the rows'
-    # alignment): Triton then loads them 16 bytes at a time, asynchronously
-    weight_ptr = gate_ptr + is_up.to(tl.int64) * up_offset
-    scale_ptr = gate_scale_ptr if SCALES == 0 else tl.where(is_up, up_scale_ptr, gate_scale_ptr)
-    w_rows, s_rows = _row_pointers(
-        weight_ptr, scale_ptr, slot, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS,
-    )
+    lane = tl.arange(0, BLOCK_N)
+    is_up = lane >= BLOCK_N // 2
+    features = tl.program_id(1) * (BLOCK_N // 2) + lane % (BLOCK_N // 2)
+    columns = (gate_column, gate_scale_column, up_column, up_scale_column)
+    weight_ptr, scale_ptr = _gate_and_up(reads_ptr, row, *columns, is_up, gate_ptr, gate_scale_ptr,
+                                         COLUMNS, SCALES, ELEMENT_BYTES)
+    w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS)
+    written = row_is_written(writes_ptr, row, gate_column, COLUMNS, HAS_WRITES)
+    if HAS_WRITES:
+        write_weights, write_scales = _gate_and_up(writes_ptr, row, *columns, is_up, gate_ptr, gate_scale_ptr,
+                                                   COLUMNS, SCALES, ELEMENT_BYTES)
+        write_w_rows, write_s_rows = _row_pointers(write_weights, write_scales, features, width, hidden_size,
+                                                   SCALES, SCALE_ROWS, SCALE_COLS)
+    else:
+        write_w_rows, write_s_rows = w_rows, s_rows
     acc = _expert_matmul(
-        hidden_ptr, tokens, used, w_rows, s_rows, features < width, 0, hidden_size, hidden_size,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
+        hidden_ptr, tokens, used, w_rows, s_rows, write_w_rows, write_s_rows, features < width,
+        features < width * written, 0, hidden_size, hidden_size,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_M)), (1, 2, 0)))
@@ -218,23 +273,34 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, routing_ptr,
+    activations_ptr, weight_ptr, scale_ptr, reads_ptr, writes_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
+    weight_column, scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, COLUMNS: tl.constexpr,
+    HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
-    positions, slot, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
+    positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows, s_rows = _row_pointers(
-        weight_ptr, scale_ptr, slot, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS,
-    )
+    weights = row_pointer(reads_ptr, row, weight_column, COLUMNS, weight_ptr)
+    scales = row_pointer(reads_ptr, row, scale_column, COLUMNS, scale_ptr)
+    w_rows, s_rows = _row_pointers(weights, scales, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS)
+    written = row_is_written(writes_ptr, row, weight_column, COLUMNS, HAS_WRITES)
+    if HAS_WRITES:
+        write_w_rows, write_s_rows = _row_pointers(
+            row_pointer(writes_ptr, row, weight_column, COLUMNS, weight_ptr),
+            row_pointer(writes_ptr, row, scale_column, COLUMNS, scale_ptr),
+            features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS,
+        )
+    else:
+        write_w_rows, write_s_rows = w_rows, s_rows
     acc = _expert_matmul(
-        activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, 0, width, width,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
+        activations_ptr, positions, used, w_rows, s_rows, write_w_rows, write_s_rows, features < hidden_size,
+        features < hidden_size * written, 0, width, width,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
     tl.store(

@@ -9,11 +9,14 @@ the reference with the same signature; `gpt_oss_experts_op` picks one for a devi
 """
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
 from app.engine.mxfp4 import decode_mxfp4
-from app.kernels.choice import kernel_or_reference
+from app.kernels.choice import kernel_or_reference, triton_runs
+from app.kernels.expert_op import ExpertOp
+from app.kernels.expert_table import ExpertTable
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
@@ -66,5 +69,27 @@ def gpt_oss_experts(
     return run_experts(hidden, arenas, slots, weights, limit, alpha)
 
 
+def gpt_oss_experts_from_table(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    table: ExpertTable,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float,
+    alpha: float,
+) -> torch.Tensor:
+    """`gpt_oss_experts` reading each expert where its row of `table` points (rows [T, k], -1: skip)."""
+    from app.kernels.gpt_oss_experts_triton import run_from_table
+
+    return run_from_table(hidden, arenas, table, rows, weights, limit, alpha)
+
+
 def gpt_oss_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
     return kernel_or_reference(device, gpt_oss_experts, gpt_oss_experts_torch)
+
+
+def gpt_oss_expert_op(device: torch.device, limit: float, alpha: float) -> ExpertOp:
+    """The op a GPT-OSS model hands its expert cache."""
+    by_table = partial(gpt_oss_experts_from_table, limit=limit, alpha=alpha) if triton_runs(device) else None
+    return ExpertOp(partial(gpt_oss_experts_op(device), limit=limit, alpha=alpha), by_table,
+                    capturable=device.type == "cuda")

@@ -37,29 +37,37 @@ def _e2m1_times_2_pow_minus_126(words, NIBBLE: tl.constexpr):
 
 @triton.jit
 def mxfp4_rows_times_inputs(
-    x_ptr, inputs, used, words_ptr, scale_ptr, slot, rows, n_size, k_size,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    x_ptr, inputs, used, words_ptr, scale_ptr, write_words_ptr, write_scale_ptr, rows, n_size, k_size, written,
+    HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
 ):
-    """W[slot][rows, :] @ x[inputs, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused columns give 0).
+    """W[rows, :] @ x[inputs, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused columns give 0).
 
-    W is MXFP4 as uint32 words [S, N, K/8] (8 codes each, lowest bits first) + scales [S, N, K/32]; x is
+    W is one expert's MXFP4 as uint32 words [N, K/8] (8 codes each, lowest bits first) + scales [N, K/32]; x is
     float32 times X_SCALE, stored group-major, [*, 32, K/32] (`group_major`); each step takes GROUPS groups
-    of 32 inputs per row."""
+    of 32 inputs per row. With `written` (0 or 1) the words and scales read are also stored at the write
+    pointers."""
     groups_total = k_size // 32
     row_ok = rows < n_size
+    write_ok = rows < n_size * written
     group = tl.arange(0, GROUPS)
     # lanes take groups: one 16-byte load per row brings a group's 4 words, and x's element j of 32
     # consecutive groups is one 128-byte line
     word = tl.arange(0, 4)
-    words_ptrs = words_ptr + ((slot * n_size + rows[:, None, None]) * groups_total + group[None, :, None]) * 4 + word
-    scale_ptrs = scale_ptr + (slot * n_size + rows[:, None]) * groups_total + group[None, :]
+    words_at = (rows[:, None, None] * groups_total + group[None, :, None]) * 4 + word
+    scales_at = rows[:, None] * groups_total + group[None, :]
     x_ptrs = x_ptr + inputs[:, None] * k_size + group[None, :]  # [BLOCK_M, GROUPS], element 0 of each group
     acc = tl.zeros((BLOCK_M, BLOCK_N, GROUPS), tl.float32)
     for first in range(0, groups_total, GROUPS):
         group_ok = group < groups_total - first
         w_ok = row_ok[:, None] & group_ok[None, :]
         x_ok = used[:, None] & group_ok[None, :]
-        words4 = tl.load(words_ptrs, mask=w_ok[:, :, None], other=0).to(tl.uint32, bitcast=True)  # [BLOCK_N, G, 4]
+        stored = tl.load(words_ptr + words_at, mask=w_ok[:, :, None], other=0)  # [BLOCK_N, G, 4]
+        scale_byte = tl.load(scale_ptr + scales_at, mask=w_ok, other=0)
+        if HAS_WRITES:
+            copied = write_ok[:, None] & group_ok[None, :]
+            tl.store(write_words_ptr + words_at, stored, mask=copied[:, :, None])
+            tl.store(write_scale_ptr + scales_at, scale_byte, mask=copied)
+        words4 = stored.to(tl.uint32, bitcast=True)
         even, odd = tl.split(tl.reshape(words4, (BLOCK_N, GROUPS, 2, 2)))  # words 0, 2 and 1, 3
         words0, words2 = tl.split(even)
         words1, words3 = tl.split(odd)
@@ -71,12 +79,11 @@ def mxfp4_rows_times_inputs(
                 j = word_index * 8 + nibble
                 x = tl.load(x_ptrs + j * groups_total, mask=x_ok, other=0.0)
                 sums += weight[None, :, :] * x[:, None, :]
-        scale_byte = tl.load(scale_ptrs, mask=w_ok, other=0)
         # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
         scale = (scale_byte.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # [BLOCK_N, GROUPS]
         acc += sums * scale[None, :, :]
-        words_ptrs += GROUPS * 4
-        scale_ptrs += GROUPS
+        words_at += GROUPS * 4
+        scales_at += GROUPS
         x_ptrs += GROUPS
     return tl.trans(tl.sum(acc, axis=2) * UNSCALE)
 
