@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.engine.generate import generate
 from app.engine.loader import load_model
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
@@ -96,17 +97,18 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
         memory["after_drafter_load"] = allocated_since(base)
     ids = torch.randint(0, facts.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     greedy = SamplingParams()
+    runner = StepRunner(model, context)  # one for every run, as a session keeps one
 
     def plain() -> tuple[list[int], dict]:
         sampler = Sampler(greedy, model.device)
-        return tokens_and_stats(generate(model, model.new_kv_cache(context), ids, sampler, args.new, []))
+        return tokens_and_stats(generate(runner, ids, sampler, args.new, []))
 
     def speculative(agreement: float, block_size: int | None, seed: int) -> tuple[list[int], dict]:
         drafter = AgreeingDrafter(speculation.new_drafter(context), len(ids), reference, agreement,
                                   facts.vocab_size, seed)
         sampler = Sampler(greedy, model.device)
-        return tokens_and_stats(speculative_generate(model, model.new_kv_cache(context), ids, sampler, args.new, [],
-                                                     drafter, block_size, fetch_bandwidth))
+        return tokens_and_stats(speculative_generate(runner, ids, sampler, args.new, [], drafter, block_size,
+                                                     fetch_bandwidth))
 
     reference, _ = plain()  # warm-up, and the continuation every drafter agrees with
     off = [plain()[1] for _ in range(args.repeats)]

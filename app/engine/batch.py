@@ -3,15 +3,14 @@ step runs each layer's routed experts once for every sequence's token. A sequenc
 (its prompt is prefilled alone, its first token emitted) and leaves as soon as it ends or is cancelled."""
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from app.engine.experts import CacheStats
-from app.engine.generate import check_prompt, decode_step, generation_stats, prefill, stop_reason
-from app.engine.kv_cache import KVCache
+from app.engine.generate import check_prompt, generation_stats, stop_reason
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 
 
@@ -19,7 +18,7 @@ from app.engine.sampling import Sampler, SamplingParams
 class Sequence:
     request_id: int
     prompt_tokens: int
-    cache: KVCache
+    runner: StepRunner  # its own KV cache, and the single-token pass over it for steps where it is alone
     sampler: Sampler
     max_new_tokens: int
     parser: object | None  # the tokenizer's OutputParser, None without a tokenizer
@@ -30,7 +29,10 @@ class Sequence:
     expert_cache: CacheStats = field(default_factory=CacheStats)  # its prefill and every step it was in
     steps: int = 0
     batched_with: int = 0  # sum over its steps of the batch size
-    decode_alone: Callable[[int], torch.Tensor] | None = None  # for steps where it is the only sequence
+
+    @property
+    def cache(self):
+        return self.runner.cache
 
 
 class Batch:
@@ -65,14 +67,14 @@ class Batch:
         check_prompt(prompt_ids, model.config.vocab_size)
         capacity = self.cache_tokens(len(prompt_ids), max_new_tokens)
         assert self.has_room(capacity), "no room in the batch: ask has_room first"
-        cache = model.new_kv_cache(capacity)
-        cache.check_room(len(prompt_ids))
+        runner = StepRunner(model, capacity)
+        runner.cache.check_room(len(prompt_ids))
         parser = self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None
-        sequence = Sequence(request_id, len(prompt_ids), cache, Sampler(sampling, model.device), max_new_tokens,
+        sequence = Sequence(request_id, len(prompt_ids), runner, Sampler(sampling, model.device), max_new_tokens,
                             parser, time.perf_counter())
         before = model.experts.snapshot()
         with torch.inference_mode():
-            sequence.token = sequence.sampler.sample(prefill(model, cache, prompt_ids))
+            sequence.token = sequence.sampler.sample(runner.prefill(prompt_ids))
         sequence.first_token_at = time.perf_counter()
         sequence.expert_cache = model.experts.snapshot().since(before)
         self.sequences[request_id] = sequence
@@ -85,11 +87,11 @@ class Batch:
         with torch.inference_mode():
             if len(sequences) == 1:
                 alone = sequences[0]
-                alone.decode_alone = alone.decode_alone or decode_step(self.model, alone.cache)
-                logits = alone.decode_alone(alone.token)[None]
+                logits = alone.runner.run([alone.token])[0]
             else:
                 tokens = torch.tensor([s.token for s in sequences], device=self.model.device)
                 logits = self.model.decode_batch(tokens, [s.cache for s in sequences])  # [N, V]
+                self.model.experts.settle()
             next_tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(sequences)]
         work = self.model.experts.snapshot().since(before)
         events = []

@@ -67,6 +67,14 @@ class DecayedUseEviction:
             for entry in kept:
                 heapq.heappush(self._heap, entry)
 
+    def forget(self, key: Hashable) -> None:
+        """`key` left the cache without being chosen here (the device chose it: expert_resolve.py)."""
+        self._resident.discard(key)
+
+    def lowest(self, keys: Collection[Hashable], count: int) -> list[Hashable]:
+        """The `count` lowest-scored of `keys` (resident ones), lowest first."""
+        return heapq.nsmallest(count, keys, key=self._score.__getitem__)
+
     def score(self, key: Hashable) -> float:
         """log2 of the decayed use count, in units of the current tick's weight (for tests and tools)."""
         return self._score[key] - self._tick / self.half_life

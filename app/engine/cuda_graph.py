@@ -1,6 +1,6 @@
 """Passes over a KV cache captured once as CUDA graphs and replayed: no launch overhead, no host work
-per layer. The target's decode and verify steps are graphs only when every expert is resident (routing
-then needs no host); the drafter's passes always can be."""
+per layer. The target's decode and verify steps are graphs when their experts need no host (every expert
+resident, or misses read in place); the drafter's passes always can be."""
 
 import functools
 from collections.abc import Callable
@@ -11,9 +11,9 @@ from app.engine.kv_cache import KVCache
 
 
 def graph_ready(model) -> bool:
-    """A target step can be a graph: it runs on a GPU, routing needs no host work (every expert is
-    resident) and neither does the model's expert op (`graph_safe`, true unless a model says otherwise)."""
-    return model.device.type == "cuda" and model.experts.complete and getattr(model, "graph_safe", True)
+    """A target step can be a graph: it runs on a GPU and its experts need no host work (every one is
+    resident, or misses are read in place: experts.py)."""
+    return model.device.type == "cuda" and model.experts.host_free_passes
 
 
 @functools.cache

@@ -9,7 +9,7 @@ device, which holds the dense layers, sums the partial outputs.
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from functools import partial
+from dataclasses import replace
 
 import torch
 
@@ -38,9 +38,11 @@ def _on(device: torch.device):
 class ExpertParallelCache:
     """The `ExpertCache` interface the models call, over one cache per device (`devices[0]` holds the
     dense layers). `complete` stays False: a step over several devices is not captured as one CUDA
-    graph (cuda_graph.graph_ready), and a device whose own experts all fit skips host work anyway."""
+    graph (cuda_graph.graph_ready), and a device whose own experts all fit skips host work anyway. The
+    devices copy their misses before they compute (no in-place reads over several links yet)."""
 
     complete = False
+    host_free_passes = False
 
     def __init__(self, store: ExpertStore, slots: Sequence[int], devices: Sequence[torch.device],
                  prefetch_layers: int = 0):
@@ -91,7 +93,7 @@ class ExpertParallelCache:
                 return torch.where(owner == index, experts, OTHER_DEVICE).to(shard.device, non_blocking=True)
 
             # the op's CUDA graphs are captured on the first device only (op_graph's capture stream is shared)
-            op = experts_fn if index == 0 else partial(experts_fn)
+            op = experts_fn if index == 0 else replace(experts_fn, capturable=False)
             with _on(shard.device):
                 parts[index] = shard.run(
                     layer, hidden.to(shard.device, non_blocking=True), mine(top_experts, owners),
@@ -115,6 +117,10 @@ class ExpertParallelCache:
 
     def resident(self) -> set[ExpertKey]:
         return set().union(*(shard.resident() for shard in self.shards))
+
+    def settle(self) -> None:
+        for shard in self.shards:
+            shard.settle()
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:

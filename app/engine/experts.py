@@ -13,7 +13,9 @@ import torch
 
 from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
 from app.engine.host_memory import HostArena, aligned_bytes
+from app.engine.misses_in_place import IN_PLACE_MAX_TOKENS, MissesInPlace
 from app.engine.op_graph import SingleTokenGraph
+from app.kernels.expert_op import ExpertOp
 
 PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
 ExpertTensors = dict[str, torch.Tensor]
@@ -70,6 +72,10 @@ class ExpertStore:
     def is_on_disk(self, layer: int, expert: int) -> bool:
         return (layer, expert) in self._on_disk
 
+    @property
+    def all_in_host_memory(self) -> bool:
+        return not self._on_disk
+
 
 @dataclass
 class CacheStats:
@@ -109,8 +115,10 @@ class ExpertCache:
 
     On a GPU, copies run on their own stream: each slot remembers the event that ends its copy
     (the compute stream waits for it) and the event that ends the last kernel reading it (a copy
-    into the slot waits for that). When every expert fits, `slot_table` maps (layer, expert) to a
-    slot on the device, so routing needs no host synchronisation at all.
+    into the slot waits for that). `slot_table` maps (layer, expert) to a slot on the device: when every
+    expert fits, routing needs no host synchronisation at all; with `read_misses_in_place` (every expert
+    in page-locked host memory) neither does a decode or verify pass (misses_in_place.py), and the host
+    takes in what the device did when `settle` is called between passes.
     """
 
     def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, prefetch_layers: int = 0):
@@ -126,9 +134,10 @@ class ExpertCache:
         self.slot_table = torch.full((max(store.layers) + 1, store.num_experts + 1), -1, dtype=torch.long,
                                      device=device)
         self.complete = False
-        self._slot_of: dict[ExpertKey, int] = {}
+        self.in_place: MissesInPlace | None = None
+        self.slot_of: dict[ExpertKey, int] = {}  # the host's view of the slots
         self.eviction = DecayedUseEviction(DEFAULT_HALF_LIFE_SLOTS * num_slots)
-        self._free = list(range(num_slots - 1, -1, -1))
+        self.free_slots = list(range(num_slots - 1, -1, -1))
         self._predicted: dict[int, set[int]] = {}
         self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._copied: dict[int, torch.cuda.Event] = {}
@@ -139,12 +148,30 @@ class ExpertCache:
 
     def preload(self, keys: list[ExpertKey]) -> None:
         """Fill free slots before decoding starts (not counted as misses: nothing waits for them)."""
-        for key in keys[: len(self._free)]:
-            self._load(key, self._free.pop())
+        for key in keys[: len(self.free_slots)]:
+            self._load(key, self.free_slots.pop())
         if self._copy_stream is not None:
             self._copy_stream.synchronize()
             self._copied.clear()
-        self.complete = len(self._slot_of) == len(self.store.layers) * self.store.num_experts
+        self.complete = len(self.slot_of) == len(self.store.layers) * self.store.num_experts
+
+    def read_misses_in_place(self, top_k: int) -> None:
+        """From now on, passes of up to IN_PLACE_MAX_TOKENS tokens read misses in place (misses_in_place.py)."""
+        assert self.store.all_in_host_memory and not self.complete
+        self.in_place = MissesInPlace(self, top_k)
+
+    @property
+    def host_free_passes(self) -> bool:
+        """Decode and verify passes need no host work (a CUDA graph can hold them whole)."""
+        return self.complete or self.in_place is not None
+
+    def settle(self) -> None:
+        """Between passes: the host takes in what passes that read misses in place did (no-op otherwise)."""
+        if self.in_place is None:
+            return
+        if self._copy_stream is not None:  # a prefill chunk's copies after in-place passes wait for them
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.in_place.settle()
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding `experts` of `layer`, fetching misses. At most `num_slots` experts at once."""
@@ -153,7 +180,7 @@ class ExpertCache:
         keep = {(layer, expert) for expert in experts}  # no expert of this call evicts another
         for expert in experts:
             key = (layer, expert)
-            slot = self._slot_of.get(key)
+            slot = self.slot_of.get(key)
             if slot is None:
                 slot = self._take_slot(keep)
                 self._load(key, slot)
@@ -173,7 +200,7 @@ class ExpertCache:
         keep = {(layer, expert) for expert in experts}
         for expert in experts:
             key = (layer, expert)
-            if key in self._slot_of:
+            if key in self.slot_of:
                 continue
             self._load(key, self._take_slot(keep))
             self.stats.prefetches += 1
@@ -183,7 +210,7 @@ class ExpertCache:
     def lookahead_layers(self, layer: int | None, num_tokens: int) -> tuple[int, ...]:
         """MoE layers whose experts the model should predict now: the next ones after `layer`, or the
         first ones when a pass has not started yet (`layer` None). None when all are resident."""
-        if self.complete or num_tokens > PREFETCH_MAX_TOKENS:
+        if self.host_free_passes or num_tokens > PREFETCH_MAX_TOKENS:
             return ()
         start = 0 if layer is None else self.store.layers.index(layer) + 1
         return self.store.layers[start : start + self.prefetch_layers]
@@ -200,18 +227,20 @@ class ExpertCache:
         hidden: torch.Tensor,
         top_experts: torch.Tensor,
         top_weights: torch.Tensor,
-        experts_fn: Callable[..., torch.Tensor],
+        experts_fn: ExpertOp,
         predictions: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Weighted sum of the routed experts: hidden [T, H], top_experts/top_weights [T, k] -> [T, H].
 
-        `experts_fn(hidden, arenas, slots, weights)` is the kernel; slot -1 marks experts that are
-        not in the current group. `predictions` maps later layers to experts [N] predicted for them;
-        their copies start once this layer's kernel is queued.
+        `experts_fn` is the kernel (slot -1 marks experts that are not in the current group).
+        `predictions` maps later layers to experts [N] predicted for them; their copies start once this
+        layer's kernel is queued.
         """
         if self.complete:
             self._count_resident_uses(top_experts)
             return experts_fn(hidden, self.arenas, self.slot_table[layer][top_experts], top_weights)
+        if self.in_place is not None and len(hidden) <= IN_PLACE_MAX_TOKENS:
+            return self.in_place.run(layer, hidden, top_experts, top_weights, experts_fn)
         layers = sorted(predictions or {})
         # one host synchronisation for this layer's routing and the look-ahead predictions
         wanted = torch.cat([top_experts.flatten(), *(predictions[later].flatten() for later in layers)]).tolist()
@@ -245,7 +274,7 @@ class ExpertCache:
 
     def _call(self, experts_fn, hidden, slots, weights) -> torch.Tensor:
         """The op, replayed from a CUDA graph for single tokens when the op allows capture."""
-        if len(hidden) != 1 or not getattr(experts_fn, "capturable", False):
+        if len(hidden) != 1 or not experts_fn.capturable:
             return experts_fn(hidden, self.arenas, slots, weights)
         key = (id(experts_fn), slots.shape[1], hidden.dtype, weights.dtype)
         if key not in self._single_token_graphs:
@@ -253,13 +282,14 @@ class ExpertCache:
         return self._single_token_graphs[key](hidden, slots, weights)
 
     def resident(self) -> set[ExpertKey]:
-        return set(self._slot_of)
+        return set(self.slot_of)
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:
         """Work done inside (warm-up passes) leaves the statistics as they were."""
         saved_stats, saved_uses = replace(self.stats), self._resident_uses.clone()
         yield
+        self.settle()
         self.stats = saved_stats
         self._resident_uses.copy_(saved_uses)
 
@@ -284,11 +314,13 @@ class ExpertCache:
             self.stats.used_after_prediction += len(used)
 
     def _take_slot(self, keep: set[ExpertKey]) -> int:
-        if self._free:
-            return self._free.pop()
+        if self.free_slots:
+            return self.free_slots.pop()
         key = self.eviction.victim(keep)
-        slot = self._slot_of.pop(key)
+        slot = self.slot_of.pop(key)
         self.slot_table[key] = -1
+        if self.in_place is not None:
+            self.in_place.slot_loaded(slot, None)
         self.stats.evictions += 1
         return slot
 
@@ -306,8 +338,10 @@ class ExpertCache:
                     self.arenas[name][slot].copy_(tensor, non_blocking=True)
                 self._copied[slot] = torch.cuda.Event()
                 self._copied[slot].record()
-        self._slot_of[key] = slot
+        self.slot_of[key] = slot
         self.slot_table[key] = slot
+        if self.in_place is not None:
+            self.in_place.slot_loaded(slot, key)
         self.eviction.used(key)
 
     def _wait_for_copies(self, slots: list[int]) -> None:

@@ -1,18 +1,15 @@
 """Prefill and decode as a generator of events."""
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 
-from app.engine.cuda_graph import DecodeGraph, graph_ready
 from app.engine.experts import CacheStats
-from app.engine.kv_cache import KVCache
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
-from app.engine.segmented_decode import SegmentedDecode, segments_ready
 from app.errors import UserError
-from app.plan import PREFILL_CHUNK
 
 
 def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
@@ -23,55 +20,24 @@ def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
         raise UserError(f"token id {bad[0]} is outside the vocabulary (0 … {vocab_size - 1})")
 
 
-def prefill(
-    model, cache: KVCache, prompt_ids: list[int], capture: tuple[int, ...] = (),
-    on_features: Callable[[list[int], torch.Tensor], None] | None = None,
-) -> torch.Tensor:
-    """Run the prompt through the model in chunks; return the logits of its last position [V]. With
-    `capture` (layer indices), each chunk's token ids and features [chunk, F] go to `on_features` (see
-    the model's forward)."""
-    ids = torch.tensor(prompt_ids, device=model.device)
-    for start in range(0, len(ids), PREFILL_CHUNK):
-        chunk = ids[start : start + PREFILL_CHUNK]
-        if capture:
-            logits, features = model.forward(chunk, cache, last_only=True, capture=capture)
-            on_features(prompt_ids[start : start + PREFILL_CHUNK], features)
-        else:
-            logits = model.forward(chunk, cache, last_only=True)
-    return logits[-1]
-
-
-def decode_step(model, cache: KVCache) -> Callable[[int], torch.Tensor]:
-    """token -> its logits [V]. A captured CUDA graph when routing needs no host work (every
-    expert resident on a GPU); with experts offloaded on a GPU, a graph per layer around the host's
-    expert work (segmented_decode.py); else the eager forward."""
-    if graph_ready(model):
-        return DecodeGraph(model, cache).step
-    if segments_ready(model):
-        return SegmentedDecode(model, cache).step
-
-    def eager(token: int) -> torch.Tensor:
-        return model.forward(torch.tensor([token], device=model.device), cache)[-1]
-
-    return eager
-
-
 def generate(
-    model,
-    cache: KVCache,
+    runner: StepRunner,
     prompt_ids: list[int],
     sampler: Sampler,
     max_new_tokens: int,
     stop_ids: list[int],
 ) -> Iterator[Tokens | Done]:
-    """Yield one `Tokens` per step, then `Done` with the statistics of the whole generation."""
+    """A new sequence over the runner's cache: yield one `Tokens` per step, then `Done` with the statistics
+    of the whole generation."""
+    model = runner.model
     check_prompt(prompt_ids, model.config.vocab_size)
+    cache = runner.begin()
     cache.check_room(len(prompt_ids))
     stats_before = model.experts.snapshot()
     started = time.perf_counter()
     with torch.inference_mode():
-        decode = decode_step(model, cache)
-        token = sampler.sample(prefill(model, cache, prompt_ids))
+        runner.prepare([1])
+        token = sampler.sample(runner.prefill(prompt_ids))
         first_token_at = time.perf_counter()
         emitted = 1
         while True:
@@ -79,7 +45,7 @@ def generate(
             reason = stop_reason(token, emitted, max_new_tokens, stop_ids, cache.length, cache.capacity)
             if reason:
                 break
-            token = sampler.sample(decode(token))
+            token = sampler.sample(runner.run([token])[0][-1])
             emitted += 1
     expert_cache = model.experts.snapshot().since(stats_before)
     yield Done(reason, generation_stats(len(prompt_ids), emitted, started, first_token_at, expert_cache))

@@ -23,10 +23,11 @@ from app.engine.layers import finish_forward
 
 
 def segments_ready(model) -> bool:
-    """A decode step can be segmented: a GPU, experts not all resident (else one graph runs the whole step,
-    cuda_graph.graph_ready) in one device's cache, and a model split at its experts (`until_experts`)."""
-    return (model.device.type == "cuda" and isinstance(model.experts, ExpertCache) and not model.experts.complete
-            and hasattr(model, "until_experts"))
+    """A decode step can be segmented: a GPU, experts that need the host (else one graph runs the whole step,
+    cuda_graph.graph_ready: with some experts on disk, say) in one device's cache, and a model split at its
+    experts (`until_experts`)."""
+    return (model.device.type == "cuda" and isinstance(model.experts, ExpertCache)
+            and not model.experts.host_free_passes and hasattr(model, "until_experts"))
 
 
 class SegmentedDecode:

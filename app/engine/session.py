@@ -2,12 +2,14 @@
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 from app.engine.generate import check_prompt, generate
 from app.engine.loader import LoadedModel, load_model
 from app.engine.output_parser import ANSWER
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.drafter import Speculation
@@ -89,17 +91,23 @@ class Session:
         check_prompt(ids, loaded.model.config.vocab_size)
         return cls(loaded, tokenizer, speculation), ids
 
+    @cached_property
+    def runner(self) -> StepRunner:
+        """The session's KV cache, of its whole context, and the passes captured over it: made at the first
+        answer, kept for all of them (the server's batch gives each sequence its own instead)."""
+        return StepRunner(self.loaded.model, self.loaded.context)
+
     def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int) -> Iterator[Tokens | Done]:
-        model = self.loaded.model
-        cache = model.new_kv_cache(min(len(ids) + max_new_tokens, self.loaded.context))
+        runner = self.runner
         parser = self.tokenizer.output_parser(ids) if self.tokenizer else None
-        sampler = Sampler(sampling, model.device)
+        sampler = Sampler(sampling, runner.model.device)
         stop_ids = self.loaded.folder.stop_token_ids()
         if self.speculation:
-            events = speculative_generate(model, cache, ids, sampler, max_new_tokens, stop_ids,
-                                          self.speculation.new_drafter(cache.capacity), self.speculation.block_size)
+            drafter = self.speculation.new_drafter(runner.cache.capacity)
+            events = speculative_generate(runner, ids, sampler, max_new_tokens, stop_ids, drafter,
+                                          self.speculation.block_size)
         else:
-            events = generate(model, cache, ids, sampler, max_new_tokens, stop_ids)
+            events = generate(runner, ids, sampler, max_new_tokens, stop_ids)
         for event in events:
             if isinstance(event, Done):
                 if parser:

@@ -4,6 +4,7 @@ import torch
 
 from app.engine.generate import generate
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 
 
@@ -19,7 +20,7 @@ def reference_greedy(model, ids: list[int], count: int) -> list[int]:
 def greedy_with_stats(loaded, ids: list[int], count: int) -> tuple[list[int], dict]:
     """Our engine's greedy tokens (no stop tokens) and the Done event's statistics."""
     model = loaded.model
-    events = list(generate(model, model.new_kv_cache(len(ids) + count), ids,
+    events = list(generate(StepRunner(model, len(ids) + count), ids,
                            Sampler(SamplingParams(), model.device), count, stop_ids=[]))
     tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
     return tokens, events[-1].stats if isinstance(events[-1], Done) else {}

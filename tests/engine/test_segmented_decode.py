@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from app.engine.experts import CacheStats
-from app.engine.generate import decode_step, prefill
 from app.engine.loader import load_model
 from app.engine.protocol import Tokens
+from app.engine.runner import StepRunner, prefill
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.segmented_decode import SegmentedDecode, segments_ready
 from app.engine.spec.dflash import DFlashSpeculation
@@ -36,7 +36,7 @@ def offloaded(folder, device: str, slots: int, prefetch_layers: int = 0):
     probe = load_model(ModelFolder.open(folder), device=device, dtype="float32", context=64).placement
     budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + slots * probe.expert_bytes
     loaded = load_model(ModelFolder.open(folder), device=device, dtype="float32", context=64, gpu_budget=budget,
-                        prefetch_layers=prefetch_layers)
+                        prefetch_layers=prefetch_layers, read_misses_in_place=False)
     assert loaded.placement.expert_slots == slots and not loaded.model.experts.complete
     return loaded
 
@@ -134,7 +134,7 @@ def test_generate_decodes_offloaded_experts_with_segment_graphs(checkpoint, name
     loaded = offloaded(checkpoint(name), "cuda", 5)
     assert segments_ready(loaded.model)
     with torch.inference_mode():
-        assert isinstance(decode_step(loaded.model, loaded.model.new_kv_cache(64)).__self__, SegmentedDecode)
+        assert isinstance(StepRunner(loaded.model, 64).program(1), SegmentedDecode)
     eager_tokens, _, eager_work = greedy_decode(offloaded(checkpoint(name), "cuda", 5), eager_step)
     tokens, stats = greedy_with_stats(loaded, PROMPT, NEW + 1)  # NEW decode steps, as greedy_decode runs
     assert tokens[:-1] == eager_tokens
@@ -148,11 +148,12 @@ def test_plain_speculative_steps_replay_segment_graphs_and_keep_the_tokens(tiny_
     speculation = DFlashSpeculation(tiny_dflash, None)
     speculation.load(model)
     sampler = Sampler(SamplingParams(), model.device)
+    runner = StepRunner(model, 64)
     with torch.inference_mode():
-        graphs = Speculator(model, model.new_kv_cache(64), speculation.new_drafter(64), sampler).graphs
-    assert list(graphs) == [1] and isinstance(graphs[1], SegmentedDecode)
-    events = list(speculative_generate(model, model.new_kv_cache(64), PROMPT, sampler, NEW, [],
-                                       speculation.new_drafter(64), block_size=1))
+        programs = Speculator(runner, speculation.new_drafter(64), sampler).runner.programs
+    assert list(programs) == [(1, speculation.drafter.config.target_layer_ids)]
+    assert isinstance(next(iter(programs.values())), SegmentedDecode)
+    events = list(speculative_generate(runner, PROMPT, sampler, NEW, [], speculation.new_drafter(64), block_size=1))
     assert [t for event in events if isinstance(event, Tokens) for t in event.token_ids] == eager_tokens
 
 
@@ -165,11 +166,12 @@ def test_plain_mtp_steps_replay_segment_graphs_that_capture_the_last_layer(tiny_
     speculation = MtpSpeculation(loaded.facts, None)
     speculation.load(model)
     sampler = Sampler(SamplingParams(), model.device)
+    runner = StepRunner(model, 64)
     with torch.inference_mode():
-        graphs = Speculator(model, model.new_kv_cache(64), speculation.new_drafter(64), sampler).graphs
-    assert list(graphs) == [1] and isinstance(graphs[1], SegmentedDecode)
-    assert graphs[1].capture == (model.config.num_hidden_layers - 1,)
+        programs = Speculator(runner, speculation.new_drafter(64), sampler).runner.programs
+    assert list(programs) == [(1, (model.config.num_hidden_layers - 1,))]
+    assert isinstance(next(iter(programs.values())), SegmentedDecode)
     for block_size in (1, None):  # plain steps only; the cost-aware policy's mix of plain and verify steps
-        events = list(speculative_generate(model, model.new_kv_cache(64), PROMPT, sampler, NEW, [],
-                                           speculation.new_drafter(64), block_size=block_size))
+        events = list(speculative_generate(runner, PROMPT, sampler, NEW, [], speculation.new_drafter(64),
+                                           block_size=block_size))
         assert [t for event in events if isinstance(event, Tokens) for t in event.token_ids] == eager_tokens

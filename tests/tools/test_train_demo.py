@@ -12,6 +12,7 @@ from transformers import GptOssForCausalLM
 from app.engine.loader import load_model
 from app.engine.models.dflash import open_dflash
 from app.engine.protocol import Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
@@ -96,7 +97,7 @@ def test_the_greedy_acceptance_replay_counts_the_steps_our_engine_takes(trained)
     speculation = DFlashSpeculation(trained / DRAFTER_NAME, 4)
     speculation.load(target)
     sampler = Sampler(SamplingParams(), target.device)
-    events = list(speculative_generate(target, target.new_kv_cache(len(ids) + new), ids, sampler, new, [],
+    events = list(speculative_generate(StepRunner(target, len(ids) + new), ids, sampler, new, [],
                                        speculation.new_drafter(len(ids) + new), 4))
     tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
     engine = events[-1].stats["spec"]

@@ -8,6 +8,7 @@ import torch
 from app.engine.cache_policy import LRU_HALF_LIFE, DecayedUseEviction
 from app.engine.generate import generate
 from app.engine.loader import load_model
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
 from tools.demo.chat_data import STOP_IDS
@@ -36,7 +37,7 @@ def _hit_rate(folder, prompts, new_tokens: int, slots: int, lru: bool) -> float:
     if lru:
         cache.eviction = DecayedUseEviction(LRU_HALF_LIFE)  # nothing is resident yet
     for prompt in prompts:
-        for _ in generate(model, model.new_kv_cache(len(prompt) + new_tokens), prompt,
+        for _ in generate(StepRunner(model, len(prompt) + new_tokens), prompt,
                           Sampler(SamplingParams(), torch.device("cpu")), new_tokens, STOP_IDS):
             pass
     return cache.snapshot().hit_rate

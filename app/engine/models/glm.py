@@ -12,7 +12,6 @@ beside the logits.
 """
 
 from dataclasses import MISSING, dataclass, fields
-from functools import partial
 
 import torch
 
@@ -24,7 +23,7 @@ from app.engine.linear import Fp8Weight, load_linear
 from app.engine.models.glm_mtp import GlmMtp
 from app.engine.rope import Rotary
 from app.errors import UserError
-from app.kernels.glu_experts import PROJECTIONS, glu_experts_op
+from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
 
 
 @dataclass(frozen=True)
@@ -238,8 +237,7 @@ class GlmModel:
         self.experts = experts
         self.device = next(iter(experts.arenas.values())).device
         self.dtype = dtype
-        self.run_experts = partial(glu_experts_op(self.device), fp8_block=checkpoint.folder.quantization.fp8_block)
-        self.run_experts.capturable = self.device.type == "cuda"  # the Triton op needs no host work
+        self.run_experts = glu_expert_op(self.device, checkpoint.folder.quantization.fp8_block)
         vocab, hidden = c.vocab_size, c.hidden_size
         self.embed = self.tensor("model.embed_tokens.weight", (vocab, hidden))
         self.lm_head = self.embed if c.tie_word_embeddings else self.weight("lm_head", (vocab, hidden))

@@ -2,7 +2,6 @@
 clamped SwiGLU experts (gate/up interleaved) that live in the expert cache."""
 
 from dataclasses import dataclass
-from functools import partial
 from typing import NamedTuple
 
 import torch
@@ -12,7 +11,7 @@ from app.engine.experts import ExpertCache, ExpertTensors, Routing
 from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, causal_mask, finish_forward, rms_norm
 from app.engine.rope import Rotary, rotate_halves
-from app.kernels.gpt_oss_experts import gpt_oss_experts_op
+from app.kernels.gpt_oss_experts import gpt_oss_expert_op
 
 
 class AttentionContext(NamedTuple):
@@ -144,8 +143,7 @@ class GptOss:
                 "router_bias": load(p + "mlp.router.bias", (c.num_local_experts,)),
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
-        self.run_experts = partial(gpt_oss_experts_op(device), limit=c.swiglu_limit, alpha=c.swiglu_alpha)
-        self.run_experts.capturable = device.type == "cuda"  # the Triton op needs no host work
+        self.run_experts = gpt_oss_expert_op(device, c.swiglu_limit, c.swiglu_alpha)
 
     def new_kv_cache(self, capacity: int) -> KVCache:
         c = self.config

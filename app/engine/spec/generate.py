@@ -7,8 +7,8 @@ import torch
 
 from app.engine.experts import CacheStats
 from app.engine.generate import check_prompt, generation_stats, stop_reason
-from app.engine.kv_cache import KVCache
 from app.engine.protocol import Done, SpecStep, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
 from app.engine.spec.drafter import Drafter
 from app.engine.spec.sizer import BlockSizer
@@ -16,8 +16,7 @@ from app.engine.spec.step import Speculator
 
 
 def speculative_generate(
-    model,
-    cache: KVCache,
+    runner: StepRunner,
     prompt_ids: list[int],
     sampler: Sampler,
     max_new_tokens: int,
@@ -26,14 +25,17 @@ def speculative_generate(
     block_size: int | None = None,
     fetch_bandwidth: float | None = None,
 ) -> Iterator[Tokens | Done]:
-    """Yield one `Tokens` per step (with `drafted` and `spec`), then `Done` whose stats add `spec`.
+    """A new sequence over the runner's cache: yield one `Tokens` per step (with `drafted` and `spec`), then
+    `Done` whose stats add `spec`.
 
     `block_size` forces every step to verify that many positions (fewer when the answer or the context
     ends sooner); None lets the cost-aware policy choose per step, with `fetch_bandwidth` (bytes/s) as
     its first guess of the host-to-device copy speed. The tokens are those `generate` would emit:
     identical when greedy, identically distributed when sampling.
     """
+    model = runner.model
     check_prompt(prompt_ids, model.config.vocab_size)
+    cache = runner.begin()
     cache.check_room(len(prompt_ids))
     experts = model.experts
     sizer = None if block_size else BlockSizer(experts, model.config.num_experts_per_tok, drafter.block_size,
@@ -43,7 +45,7 @@ def speculative_generate(
     stats_before = experts.snapshot()
     started = time.perf_counter()
     with torch.inference_mode():
-        speculator = Speculator(model, cache, drafter, sampler)
+        speculator = Speculator(runner, drafter, sampler)
         token = sampler.sample(speculator.prefill(prompt_ids))
         first_token_at = time.perf_counter()
         emitted = 1

@@ -2,11 +2,9 @@
 
 import torch
 
-from app.engine.cuda_graph import DecodeGraph, graph_ready
-from app.engine.generate import prefill
-from app.engine.kv_cache import KVCache
+from app.engine.cuda_graph import graph_ready
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
-from app.engine.segmented_decode import SegmentedDecode, segments_ready
 from app.engine.spec.accept import accept_one_hot, accept_sampled
 from app.engine.spec.drafter import Drafter, Proposal
 from app.engine.spec.routing import prefetch_for_block
@@ -17,21 +15,19 @@ class Speculator:
     the drafter's context hold exactly the committed tokens (the prompt and every emitted token but
     the last, which is the next step's anchor)."""
 
-    def __init__(self, model, cache: KVCache, drafter: Drafter, sampler: Sampler):
-        self.model = model
-        self.cache = cache
+    def __init__(self, runner: StepRunner, drafter: Drafter, sampler: Sampler):
+        self.runner = runner
+        self.model = runner.model
+        self.cache = runner.cache
         self.drafter = drafter
         self.sampler = sampler
         self.capture = drafter.target_layers
-        self.graphs = {}
-        if graph_ready(model):
-            self.graphs = block_graphs(model, cache, self.capture, drafter.block_size)
-        elif segments_ready(model):  # experts offloaded: plain steps are segmented, verify blocks stay eager
-            self.graphs = {1: SegmentedDecode(model, cache, self.capture)}
+        # every block size when passes are graphs (captured before the prefill: no step waits for one)
+        runner.prepare(range(1, drafter.block_size + 1) if graph_ready(self.model) else [1], self.capture)
 
     def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
         """The prompt's last logits [V]; the drafter receives the features of every prompt position."""
-        return prefill(self.model, self.cache, prompt_ids, self.capture, self.drafter.commit)
+        return self.runner.prefill(prompt_ids, self.capture, self.drafter.commit)
 
     def step(self, anchor: int, block_size: int) -> tuple[list[int], int]:
         """Verify `anchor` and block_size - 1 drafts in one pass (block_size 1: a plain decode step).
@@ -52,16 +48,7 @@ class Speculator:
         return [*proposal.tokens[:kept], token], kept
 
     def _target_pass(self, block: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V] and captured features [B, F], replayed from the block size's CUDA graph when there
-        is one. The features are copied out: the drafter keeps them past the next replay."""
-        graph = self.graphs.get(len(block))
-        if graph:
-            return graph.run(block), graph.features.clone()
-        return self.model.forward(torch.tensor(block, device=self.model.device), self.cache, capture=self.capture)
-
-
-def block_graphs(model, cache: KVCache, capture: tuple[int, ...], max_block: int) -> dict[int, DecodeGraph]:
-    """One CUDA graph per block size 1 … max_block, captured before the prefill (as plain decoding does)
-    so that no step pays for a capture; they share one memory pool, since one replays at a time."""
-    pool = torch.cuda.graph_pool_handle()
-    return {size: DecodeGraph(model, cache, capture, size, pool) for size in range(1, max_block + 1)}
+        """logits [B, V] and captured features [B, F]. The features are copied out: the drafter keeps them past
+        the next pass."""
+        logits, features = self.runner.run(block, self.capture)
+        return logits, features.clone()

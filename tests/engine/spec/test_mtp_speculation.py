@@ -6,6 +6,7 @@ import torch
 
 from app.engine.generate import generate
 from app.engine.protocol import Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.mtp import MtpProposer, MtpSpeculation
@@ -26,13 +27,13 @@ def glm(request, tiny_glm):
     speculation.load(model)
     references = {}
     for ids in PROMPTS:
-        events = generate(model, model.new_kv_cache(64), ids, Sampler(GREEDY, model.device), NEW_TOKENS, [])
+        events = generate(StepRunner(model, 64), ids, Sampler(GREEDY, model.device), NEW_TOKENS, [])
         references[tuple(ids)] = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
     return model, speculation, references
 
 
 def tokens_and_stats(model, ids, drafter, block_size):
-    events = list(speculative_generate(model, model.new_kv_cache(64), ids, Sampler(GREEDY, model.device),
+    events = list(speculative_generate(StepRunner(model, 64), ids, Sampler(GREEDY, model.device),
                                        NEW_TOKENS, [], drafter, block_size))
     return [t for e in events if isinstance(e, Tokens) for t in e.token_ids], events[-1].stats
 

@@ -8,6 +8,7 @@ import torch
 from app.engine.generate import generate
 from app.engine.loader import load_model
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
@@ -35,7 +36,7 @@ def tokens_and_stats(events) -> tuple[list[int], dict]:
 def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash, block_size, offloaded):
     resident = load(tiny_gpt_oss)
     assert resident.experts.complete
-    reference, _ = tokens_and_stats(generate(resident, resident.new_kv_cache(64), PROMPT,
+    reference, _ = tokens_and_stats(generate(StepRunner(resident, 64), PROMPT,
                                              Sampler(SamplingParams(), resident.device), NEW, []))
     model = resident
     if offloaded:
@@ -46,7 +47,7 @@ def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash
     speculation = DFlashSpeculation(tiny_dflash, None)
     speculation.load(model)
     drafter = AgreeingDrafter(speculation.new_drafter(64), len(PROMPT), reference, 0.7, 384, seed=1)
-    tokens, stats = tokens_and_stats(speculative_generate(model, model.new_kv_cache(64), PROMPT,
+    tokens, stats = tokens_and_stats(speculative_generate(StepRunner(model, 64), PROMPT,
                                                           Sampler(SamplingParams(), model.device), NEW, [],
                                                           drafter, block_size))
     assert tokens == reference

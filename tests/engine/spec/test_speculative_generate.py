@@ -8,6 +8,7 @@ import torch
 
 from app.engine.generate import generate
 from app.engine.protocol import Done, Tokens
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
@@ -35,8 +36,8 @@ def run(events) -> tuple[list[int], list[Tokens], Done]:
 
 
 def plain(model, ids: list[int], count: int = NEW_TOKENS, stop_ids=(), capacity: int | None = None):
-    cache = model.new_kv_cache(capacity or len(ids) + count)
-    return run(generate(model, cache, ids, Sampler(SamplingParams(), model.device), count, list(stop_ids)))
+    runner = StepRunner(model, capacity or len(ids) + count)
+    return run(generate(runner, ids, Sampler(SamplingParams(), model.device), count, list(stop_ids)))
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,10 @@ def drafter_for(speculation, ids, reference, agreement, capacity):
 
 def speculate(model, drafter, ids, count=NEW_TOKENS, block_size=None, stop_ids=(), capacity=None,
               sampling=GREEDY):
-    cache = model.new_kv_cache(capacity or len(ids) + count)
-    events = speculative_generate(model, cache, ids, Sampler(sampling, model.device), count, list(stop_ids),
+    runner = StepRunner(model, capacity or len(ids) + count)
+    events = speculative_generate(runner, ids, Sampler(sampling, model.device), count, list(stop_ids),
                                   drafter, block_size)
-    return (*run(events), cache)
+    return (*run(events), runner.cache)
 
 
 @pytest.mark.parametrize("agreement", [None, 0.5, 1.0], ids=["own-drafts", "half-agree", "all-agree"])
@@ -177,11 +178,12 @@ def test_sampled_speculation_emits_the_targets_own_distribution(resident_target,
     speculation = DFlashSpeculation(tiny_dflash, None)
     speculation.load(model)
     sampler = Sampler(SamplingParams(temperature=1.5, top_k=12, seed=4), model.device)
-    cache = model.new_kv_cache(64)
+    runner = StepRunner(model, 64)
+    cache = runner.cache
     proposer = speculation.new_drafter(64)
     first, kept_first = [], 0
     with torch.inference_mode():
-        speculator = Speculator(model, cache, proposer, sampler)
+        speculator = Speculator(runner, proposer, sampler)
         speculator.prefill(ids)
         p = sampler.probabilities(model.forward(torch.tensor([anchor]), cache)[0])
         cache.truncate(len(ids))

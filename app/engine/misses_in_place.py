@@ -1,0 +1,104 @@
+"""Misses read in place: the device decides every layer's hits, misses and admissions, the host only between
+passes.
+
+With every routed expert in the page-locked host store, a decode or verify pass needs no host work per layer:
+each MoE layer call resolves its picks on the device (app/kernels/expert_resolve.py) into an address table, and
+the expert kernels read hits from cache slots and misses from host memory over PCIe, copying admitted misses
+into victim slots as they read them (at batch 1 every weight byte is read once a token, so copying first would
+buy that token nothing). Between passes `settle` reads what the device did in one transfer, scores the eviction
+policy with it, counts hits and misses, and refills the queue of victim slots for the next pass: free slots
+first, then the policy's lowest-scored. So the policy decides what stays, off the critical path.
+"""
+
+import numpy as np
+import torch
+
+from app.engine.cache_policy import DecayedUseEviction
+from app.kernels.expert_resolve import EVICTED, HITS, MISSES, Residency, resolve_experts
+from app.kernels.expert_table import ExpertTable, columns, device_addresses, slot_table
+
+IN_PLACE_MAX_TOKENS = 16  # decode steps and verify blocks; a prefill chunk's misses are copied first
+
+
+class MissesInPlace:
+    """The device-side residency of an `ExpertCache` (`cache`) and the host's view of it."""
+
+    def __init__(self, cache, top_k: int):
+        store, device = cache.store, cache.device
+        self.cache = cache
+        self.num_experts = store.num_experts
+        self.first_layer = store.layers[0]
+        names = columns(cache.arenas)
+        num_layers, num_slots = cache.slot_table.shape[0], cache.num_slots
+        buffer = store.host.buffer
+        base = device_addresses([buffer], device)[0] - buffer.data_ptr()
+        host_rows = torch.zeros(num_layers, self.num_experts, len(names), dtype=torch.long)
+        for layer in store.layers:
+            for expert in range(self.num_experts):
+                tensors = store.expert(layer, expert)
+                host_rows[layer, expert] = torch.tensor([base + tensors[name].data_ptr() for name in names])
+        # victims for a pass in which every MoE layer misses twice its top-k
+        self.queue_length = min(num_slots, 2 * top_k * len(store.layers))
+        self.residency = Residency(
+            slot_of=cache.slot_table,
+            owner=torch.full((num_slots,), -1, dtype=torch.long, device=device),
+            stamp=torch.zeros(num_slots, dtype=torch.long, device=device),
+            pass_number=torch.zeros(1, dtype=torch.long, device=device),
+            victims=torch.zeros(2 + self.queue_length, dtype=torch.long, device=device),
+            host_rows=host_rows.to(device),
+            slot_rows=slot_table(cache.arenas).reads,
+            uses=torch.zeros(num_layers, self.num_experts, dtype=torch.int32, device=device),
+            counts=torch.zeros(4, dtype=torch.long, device=device),
+        )
+        self.table = ExpertTable(*(torch.zeros(self.num_experts, len(names), dtype=torch.long, device=device)
+                                   for _ in range(2)))
+        self._owners = np.full(num_slots, -1)  # the owners at the last settle
+        self._queue = torch.zeros(2 + self.queue_length, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.settle()
+
+    def run(self, layer: int, hidden: torch.Tensor, top_experts: torch.Tensor, top_weights: torch.Tensor,
+            op) -> torch.Tensor:
+        """The layer's weighted expert sum [T, H], with no host work: see the module's docstring."""
+        resolve_experts(top_experts.flatten(), layer, layer == self.first_layer, self.residency, *self.table)
+        return op.from_table(hidden, self.cache.arenas, self.table, top_experts, top_weights)
+
+    def slot_loaded(self, slot: int, key: tuple[int, int] | None) -> None:
+        """The host put expert `key` in `slot` (None: emptied it) on the copy path of a prefill chunk."""
+        flat = -1 if key is None else key[0] * (self.num_experts + 1) + key[1]
+        self.residency.owner[slot] = flat
+        self._owners[slot] = flat  # the host's view has it already
+
+    def settle(self) -> None:
+        """Take in what the device did since the last settle, then queue the victims of the next pass."""
+        cache, r = self.cache, self.residency
+        counts, uses, owners = torch.cat([r.counts, r.uses.flatten().long(), r.owner]).cpu().split(
+            [4, r.uses.numel(), r.owner.numel()])
+        r.counts.zero_()
+        r.uses.zero_()
+        stats = cache.stats
+        stats.hits += int(counts[HITS])
+        stats.misses += int(counts[MISSES])
+        stats.bytes_fetched += int(counts[MISSES]) * cache.store.expert_bytes
+        stats.evictions += int(counts[EVICTED])
+        eviction: DecayedUseEviction = cache.eviction
+        for flat in uses.nonzero().flatten().tolist():
+            key = divmod(flat, self.num_experts)
+            for _ in range(int(uses[flat])):
+                eviction.used(key)
+        owners = owners.numpy()
+        for slot in np.nonzero(owners != self._owners)[0].tolist():
+            if self._owners[slot] >= 0:
+                old = divmod(int(self._owners[slot]), self.num_experts + 1)
+                if cache.slot_of.get(old) == slot:
+                    del cache.slot_of[old]
+                    eviction.forget(old)
+            if owners[slot] >= 0:
+                cache.slot_of[divmod(int(owners[slot]), self.num_experts + 1)] = slot
+        self._owners = owners
+        free = np.nonzero(owners < 0)[0].tolist()
+        cache.free_slots[:] = free[::-1]  # taken from the end
+        lowest = eviction.lowest(list(cache.slot_of), self.queue_length - min(len(free), self.queue_length))
+        queue = (free + [cache.slot_of[key] for key in lowest])[: self.queue_length]
+        self._queue[0], self._queue[1] = 0, len(queue)
+        self._queue[2 : 2 + len(queue)] = torch.tensor(queue, dtype=torch.long)
+        r.victims.copy_(self._queue, non_blocking=True)

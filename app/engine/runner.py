@@ -1,0 +1,100 @@
+"""The one owner of a model's passes over a KV cache: the cache, and the programs that run passes over it.
+
+A pass of T tokens runs as a CUDA graph where its experts need no host work (cuda_graph.py: every expert
+resident, or misses read in place), as a graph per layer around the host's expert work where they do
+(segmented_decode.py, single tokens), and eagerly otherwise (a CPU; verify blocks with experts on disk).
+Programs are captured on first use and kept for every later sequence over the same cache: a new sequence
+only empties it. After every pass the expert cache settles (experts.py).
+"""
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from app.engine.cuda_graph import DecodeGraph, graph_ready
+from app.engine.kv_cache import KVCache
+from app.engine.segmented_decode import SegmentedDecode, segments_ready
+from app.plan import PREFILL_CHUNK
+
+
+def prefill(
+    model, cache: KVCache, prompt_ids: list[int], capture: tuple[int, ...] = (),
+    on_features: Callable[[list[int], torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """Run the prompt through the model in chunks; return the logits of its last position [V]. With
+    `capture` (layer indices), each chunk's token ids and features [chunk, F] go to `on_features` (see
+    the model's forward)."""
+    ids = torch.tensor(prompt_ids, device=model.device)
+    for start in range(0, len(ids), PREFILL_CHUNK):
+        chunk = ids[start : start + PREFILL_CHUNK]
+        if capture:
+            logits, features = model.forward(chunk, cache, last_only=True, capture=capture)
+            on_features(prompt_ids[start : start + PREFILL_CHUNK], features)
+        else:
+            logits = model.forward(chunk, cache, last_only=True)
+    return logits[-1]
+
+
+class EagerPass:
+    """A pass run by the model's forward, with the interface of the captured ones."""
+
+    def __init__(self, model, cache: KVCache, capture: tuple[int, ...]):
+        self.model, self.cache, self.capture = model, cache, capture
+        self.features: torch.Tensor | None = None
+
+    def run(self, tokens: list[int]) -> torch.Tensor:
+        out = self.model.forward(torch.tensor(tokens, device=self.model.device), self.cache, capture=self.capture)
+        logits, self.features = out if self.capture else (out, None)
+        return logits
+
+
+class StepRunner:
+    """Passes over one KV cache of `capacity` tokens, after its committed ones. `run` returns logits [T, V]
+    and, with `capture` (layer indices, see the model's forward), features [T, F]; both are overwritten by
+    the next pass of the same size."""
+
+    def __init__(self, model, capacity: int):
+        self.model = model
+        self.cache = model.new_kv_cache(capacity)
+        # (tokens, captured layers) -> the pass's program, captured at its first use
+        self.programs: dict[tuple[int, tuple[int, ...]], DecodeGraph | SegmentedDecode | EagerPass] = {}
+        self._pool = None  # the graphs' memory pool: they replay one at a time
+
+    def begin(self) -> KVCache:
+        """A new sequence: the cache is emptied; the programs stay."""
+        self.cache.truncate(0)
+        return self.cache
+
+    def prepare(self, sizes: Iterable[int], capture: tuple[int, ...] = ()) -> None:
+        """Have the programs of these pass sizes ready (captured before a prefill, no step waits for them)."""
+        for size in sizes:
+            self.program(size, capture)
+
+    def prefill(self, prompt_ids: list[int], capture: tuple[int, ...] = (),
+                on_features: Callable[[list[int], torch.Tensor], None] | None = None) -> torch.Tensor:
+        """The prompt after the committed tokens, in chunks; the logits of its last position [V]."""
+        logits = prefill(self.model, self.cache, prompt_ids, capture, on_features)
+        self.model.experts.settle()
+        return logits
+
+    def run(self, tokens: list[int], capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Feed `tokens` after the committed ones (committing them): logits [T, V], features [T, F] or None."""
+        program = self.program(len(tokens), capture)
+        logits = program.run(tokens)
+        self.model.experts.settle()
+        return logits, program.features
+
+    def program(self, num_tokens: int, capture: tuple[int, ...] = ()) -> DecodeGraph | SegmentedDecode | EagerPass:
+        key = (num_tokens, capture)
+        if key not in self.programs:
+            self.programs[key] = self._new_program(num_tokens, capture)
+        return self.programs[key]
+
+    def _new_program(self, num_tokens: int, capture: tuple[int, ...]) -> DecodeGraph | SegmentedDecode | EagerPass:
+        if graph_ready(self.model):
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            return DecodeGraph(self.model, self.cache, capture, num_tokens, self._pool)
+        if num_tokens == 1 and segments_ready(self.model):
+            return SegmentedDecode(self.model, self.cache, capture)
+        return EagerPass(self.model, self.cache, capture)
