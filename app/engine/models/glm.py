@@ -113,21 +113,24 @@ def expert_reader(config: GlmConfig, checkpoint: Checkpoint):
     return read
 
 
-def route(x: torch.Tensor, router: torch.Tensor, correction_bias: torch.Tensor, config: GlmConfig):
-    """x [T, H], router [E, H] and correction_bias [E] float32 -> (experts [T, k], weights [T, k] in x's dtype)."""
+def route(x: torch.Tensor, router: torch.Tensor, correction_bias: torch.Tensor, config: GlmConfig,
+          chosen: torch.Tensor | None = None):
+    """x [T, H], router [E, H] and correction_bias [E] float32 -> (experts [T, k], weights [T, k] in x's dtype);
+    the router's scores weight `chosen` experts [T, k] instead where given (routing_override.py)."""
     scores = torch.sigmoid(x.float() @ router.T)
-    choice = scores + correction_bias
-    if config.n_group > 1:
-        per_group = choice.unflatten(-1, (config.n_group, -1))  # [T, G, E / G]
-        group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)
-        kept = torch.zeros_like(group_scores, dtype=torch.bool)
-        kept.scatter_(1, group_scores.topk(config.topk_group, dim=-1).indices, True)
-        choice = per_group.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
-    experts = choice.topk(config.num_experts_per_tok, dim=-1).indices
-    weights = scores.gather(1, experts)
+    if chosen is None:
+        choice = scores + correction_bias
+        if config.n_group > 1:
+            per_group = choice.unflatten(-1, (config.n_group, -1))  # [T, G, E / G]
+            group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)
+            kept = torch.zeros_like(group_scores, dtype=torch.bool)
+            kept.scatter_(1, group_scores.topk(config.topk_group, dim=-1).indices, True)
+            choice = per_group.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
+        chosen = choice.topk(config.num_experts_per_tok, dim=-1).indices
+    weights = scores.gather(1, chosen)
     if config.norm_topk_prob:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return experts, (weights * config.routed_scaling_factor).to(x.dtype)
+    return chosen, (weights * config.routed_scaling_factor).to(x.dtype)
 
 
 class DenseMlp:
@@ -154,6 +157,7 @@ class RoutedMoe:
         prefix = f"model.layers.{index}.mlp."
         self.index = index
         self.config = c
+        self.model = model
         self.experts = model.experts
         self.run_experts = model.run_experts
         self.moe_layers = model.moe_layers  # index -> RoutedMoe, for the look-ahead
@@ -168,7 +172,9 @@ class RoutedMoe:
 
     def routing(self, x: torch.Tensor) -> Routing:
         """The routing of the normed hidden states x [T, H], with the look-ahead's predictions."""
-        experts, weights = route(x, self.router, self.correction_bias, self.config)
+        override = self.model.routing_override
+        chosen = None if override is None else override.experts(self.index, len(x))
+        experts, weights = route(x, self.router, self.correction_bias, self.config, chosen)
         predictions = {
             later: self.moe_layers[later].choose(x)
             for later in self.experts.lookahead_layers(self.index, len(x))
@@ -238,6 +244,7 @@ class GlmModel:
         self.device = next(iter(experts.arenas.values())).device
         self.dtype = dtype
         self.run_experts = glu_expert_op(self.device, checkpoint.folder.quantization.fp8_block)
+        self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
         vocab, hidden = c.vocab_size, c.hidden_size
         self.embed = self.tensor("model.embed_tokens.weight", (vocab, hidden))
         self.lm_head = self.embed if c.tie_word_embeddings else self.weight("lm_head", (vocab, hidden))

@@ -144,6 +144,7 @@ class GptOss:
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
         self.run_experts = gpt_oss_expert_op(device, c.swiglu_limit, c.swiglu_alpha)
+        self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
 
     def new_kv_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -235,7 +236,11 @@ class GptOss:
         return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
 
     def _routing(self, index, layer, x) -> Routing:
-        top_logits, top_experts = self._route(layer, x)
+        if self.routing_override is None:
+            top_logits, top_experts = self._route(layer, x)
+        else:  # the router's logits weight the experts chosen for it
+            top_experts = self.routing_override.experts(index, len(x))
+            top_logits = self._router_logits(layer, x).gather(1, top_experts)
         predictions = {
             later: self._route(self.layers[later], x).indices for later in self.experts.lookahead_layers(index, len(x))
         }
@@ -243,5 +248,7 @@ class GptOss:
 
     def _route(self, layer, x):
         """The router's top-k (values, indices) [T, k] for normed hidden states x [T, H]."""
-        logits = torch.addmm(layer["router_bias"], x, layer["router"].T)
-        return torch.topk(logits, self.config.num_experts_per_tok, dim=-1)
+        return torch.topk(self._router_logits(layer, x), self.config.num_experts_per_tok, dim=-1)
+
+    def _router_logits(self, layer, x) -> torch.Tensor:
+        return torch.addmm(layer["router_bias"], x, layer["router"].T)  # [T, E]
