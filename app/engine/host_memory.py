@@ -13,6 +13,8 @@ from app.errors import UserError
 from app.sizes import format_size
 
 ALIGN = 512  # bytes: every tensor starts on a boundary that suits any dtype and the copy engines
+# cudaHostRegisterPortable | cudaHostRegisterMapped: every GPU may copy from it, and kernels read it in place
+REGISTER_FLAGS = 1 | 2
 
 
 def aligned_bytes(tensors) -> int:
@@ -45,10 +47,10 @@ class HostArena:
 
 def _page_lock(owner: object, buffer: torch.Tensor) -> None:
     """Register the buffer with the CUDA driver (copies from it then run asynchronously at full link
-    speed) until `owner` is gone."""
+    speed, and kernels can read it over PCIe) until `owner` is gone."""
     cudart = torch.cuda.cudart()
     pointer, nbytes = buffer.data_ptr(), buffer.numel()
-    error = cudart.cudaHostRegister(pointer, nbytes, 0)
+    error = cudart.cudaHostRegister(pointer, nbytes, REGISTER_FLAGS)
     if int(error) != 0:
         raise UserError(f"could not lock {format_size(nbytes)} of host memory for the experts (CUDA error "
                         f"{int(error)}): lower the RAM budget or close other programs")
