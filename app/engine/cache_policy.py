@@ -17,6 +17,8 @@ import heapq
 import math
 from collections.abc import Collection, Hashable
 
+import numpy as np
+
 # Chosen by replaying the demo model's real routing (tools/demo/routing.py; half-lives of 0.25 to 64 ×
 # slots tried): 4 × slots did best at 8 and 12 of 16 experts per layer cached. Where the cache holds little
 # more than one token's experts, LRU stays ahead (evaluation.json records both).
@@ -73,7 +75,10 @@ class DecayedUseEviction:
 
     def lowest(self, keys: Collection[Hashable], count: int) -> list[Hashable]:
         """The `count` lowest-scored of `keys` (resident ones), lowest first."""
-        return heapq.nsmallest(count, keys, key=self._score.__getitem__)
+        keys = list(keys)
+        scores = np.fromiter(map(self._score.__getitem__, keys), dtype=np.float64, count=len(keys))
+        chosen = np.argpartition(scores, count)[:count] if count < len(keys) else np.arange(len(keys))
+        return [keys[i] for i in chosen[np.argsort(scores[chosen], kind="stable")]]
 
     def score(self, key: Hashable) -> float:
         """log2 of the decayed use count, in units of the current tick's weight (for tests and tools)."""

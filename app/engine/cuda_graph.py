@@ -1,6 +1,6 @@
 """Passes over a KV cache captured once as CUDA graphs and replayed: no launch overhead, no host work
 per layer. The target's decode and verify steps are graphs when their experts need no host (every expert
-resident, or misses read in place); the drafter's passes always can be."""
+resident, or misses served on the device); the drafter's passes always can be."""
 
 import functools
 from collections.abc import Callable
@@ -12,7 +12,7 @@ from app.engine.kv_cache import KVCache
 
 def graph_ready(model) -> bool:
     """A target step can be a graph: it runs on a GPU and its experts need no host work (every one is
-    resident, or misses are read in place: experts.py)."""
+    resident, or misses served on the device: experts.py)."""
     return model.device.type == "cuda" and model.experts.host_free_passes
 
 

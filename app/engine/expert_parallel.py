@@ -39,7 +39,7 @@ class ExpertParallelCache:
     """The `ExpertCache` interface the models call, over one cache per device (`devices[0]` holds the
     dense layers). `complete` stays False: a step over several devices is not captured as one CUDA
     graph (cuda_graph.graph_ready), and a device whose own experts all fit skips host work anyway. The
-    devices copy their misses before they compute (no in-place reads over several links yet)."""
+    devices' hosts copy their misses (no misses served by several devices yet)."""
 
     complete = False
     host_free_passes = False

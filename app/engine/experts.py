@@ -12,8 +12,8 @@ from typing import NamedTuple
 import torch
 
 from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
+from app.engine.device_misses import DEVICE_PASS_MAX_TOKENS, DeviceMisses
 from app.engine.host_memory import HostArena, aligned_bytes
-from app.engine.misses_in_place import IN_PLACE_MAX_TOKENS, MissesInPlace
 from app.engine.op_graph import SingleTokenGraph
 from app.kernels.expert_op import ExpertOp
 
@@ -116,9 +116,9 @@ class ExpertCache:
     On a GPU, copies run on their own stream: each slot remembers the event that ends its copy
     (the compute stream waits for it) and the event that ends the last kernel reading it (a copy
     into the slot waits for that). `slot_table` maps (layer, expert) to a slot on the device: when every
-    expert fits, routing needs no host synchronisation at all; with `read_misses_in_place` (every expert
-    in page-locked host memory) neither does a decode or verify pass (misses_in_place.py), and the host
-    takes in what the device did when `settle` is called between passes.
+    expert fits, routing needs no host synchronisation at all; with `serve_misses_on_device` (every
+    expert in page-locked host memory) neither does a decode or verify pass (device_misses.py), and the
+    host takes in what the device did when `settle` is called between passes.
     """
 
     def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, prefetch_layers: int = 0):
@@ -134,7 +134,7 @@ class ExpertCache:
         self.slot_table = torch.full((max(store.layers) + 1, store.num_experts + 1), -1, dtype=torch.long,
                                      device=device)
         self.complete = False
-        self.in_place: MissesInPlace | None = None
+        self.device_misses: DeviceMisses | None = None
         self.slot_of: dict[ExpertKey, int] = {}  # the host's view of the slots
         self.eviction = DecayedUseEviction(DEFAULT_HALF_LIFE_SLOTS * num_slots)
         self.free_slots = list(range(num_slots - 1, -1, -1))
@@ -155,23 +155,24 @@ class ExpertCache:
             self._copied.clear()
         self.complete = len(self.slot_of) == len(self.store.layers) * self.store.num_experts
 
-    def read_misses_in_place(self, top_k: int) -> None:
-        """From now on, passes of up to IN_PLACE_MAX_TOKENS tokens read misses in place (misses_in_place.py)."""
+    def serve_misses_on_device(self, top_k: int) -> None:
+        """From now on, passes of up to DEVICE_PASS_MAX_TOKENS tokens serve misses on the device, no host work
+        (device_misses.py)."""
         assert self.store.all_in_host_memory and not self.complete
-        self.in_place = MissesInPlace(self, top_k)
+        self.device_misses = DeviceMisses(self, top_k)
 
     @property
     def host_free_passes(self) -> bool:
         """Decode and verify passes need no host work (a CUDA graph can hold them whole)."""
-        return self.complete or self.in_place is not None
+        return self.complete or self.device_misses is not None
 
     def settle(self) -> None:
         """Between passes: the host takes in what passes that read misses in place did (no-op otherwise)."""
-        if self.in_place is None:
+        if self.device_misses is None:
             return
-        if self._copy_stream is not None:  # a prefill chunk's copies after in-place passes wait for them
+        if self._copy_stream is not None:  # a prefill chunk's copies wait for the passes before
             self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))
-        self.in_place.settle()
+        self.device_misses.settle()
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
         """Slots holding `experts` of `layer`, fetching misses. At most `num_slots` experts at once."""
@@ -239,8 +240,8 @@ class ExpertCache:
         if self.complete:
             self._count_resident_uses(top_experts)
             return experts_fn(hidden, self.arenas, self.slot_table[layer][top_experts], top_weights)
-        if self.in_place is not None and len(hidden) <= IN_PLACE_MAX_TOKENS:
-            return self.in_place.run(layer, hidden, top_experts, top_weights, experts_fn)
+        if self.device_misses is not None and len(hidden) <= DEVICE_PASS_MAX_TOKENS:
+            return self.device_misses.run(layer, hidden, top_experts, top_weights, experts_fn)
         layers = sorted(predictions or {})
         # one host synchronisation for this layer's routing and the look-ahead predictions
         wanted = torch.cat([top_experts.flatten(), *(predictions[later].flatten() for later in layers)]).tolist()
@@ -319,8 +320,8 @@ class ExpertCache:
         key = self.eviction.victim(keep)
         slot = self.slot_of.pop(key)
         self.slot_table[key] = -1
-        if self.in_place is not None:
-            self.in_place.slot_loaded(slot, None)
+        if self.device_misses is not None:
+            self.device_misses.slot_loaded(slot, None)
         self.stats.evictions += 1
         return slot
 
@@ -340,8 +341,8 @@ class ExpertCache:
                 self._copied[slot].record()
         self.slot_of[key] = slot
         self.slot_table[key] = slot
-        if self.in_place is not None:
-            self.in_place.slot_loaded(slot, key)
+        if self.device_misses is not None:
+            self.device_misses.slot_loaded(slot, key)
         self.eviction.used(key)
 
     def _wait_for_copies(self, slots: list[int]) -> None:

@@ -60,12 +60,12 @@ def load_model(
     context: int = 4096,
     prefetch_layers: int = 0,
     on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
-    read_misses_in_place: bool = True,
+    misses_on_device: bool = True,
 ) -> LoadedModel:
     """`on_progress(stage, fraction)` is called between stages and per layer of experts; raising
     from it cancels the load. A tuple of budgets, one per GPU, spreads the experts over the GPUs.
-    Decode and verify passes read missed experts in place where they can (experts.py), unless
-    `read_misses_in_place` is False (they are then copied first, the host waiting at each layer)."""
+    Decode and verify passes have their misses served on the device where they can (experts.py), unless
+    `misses_on_device` is False (the host then copies them, waiting at each layer)."""
     torch_device = resolve_device(device)
     on_progress("planning", 0.0)
     facts = ModelFacts.from_folder(folder, fp8_kept=keeps_fp8(torch_device))
@@ -93,8 +93,8 @@ def load_model(
         cache = ExpertCache(store, placement.expert_slots, torch_device, prefetch_layers)
         if placement.expert_slots >= facts.total_experts:
             cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
-        elif read_misses_in_place and triton_runs(torch_device) and store.all_in_host_memory:
-            cache.read_misses_in_place(facts.top_k)
+        elif misses_on_device and triton_runs(torch_device) and store.all_in_host_memory:
+            cache.serve_misses_on_device(facts.top_k)
     on_progress("resident weights", 0.0)
     model = model_class(config, checkpoint, cache, DTYPES[dtype])
     on_progress("ready", 1.0)

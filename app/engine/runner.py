@@ -1,7 +1,7 @@
 """The one owner of a model's passes over a KV cache: the cache, and the programs that run passes over it.
 
 A pass of T tokens runs as a CUDA graph where its experts need no host work (cuda_graph.py: every expert
-resident, or misses read in place), as a graph per layer around the host's expert work where they do
+resident, or misses served on the device), as a graph per layer around the host's expert work where they do
 (segmented_decode.py, single tokens), and eagerly otherwise (a CPU; verify blocks with experts on disk).
 Programs are captured on first use and kept for every later sequence over the same cache: a new sequence
 only empties it. After every pass the expert cache settles (experts.py).

@@ -1,10 +1,11 @@
 """Where one MoE layer call reads each picked expert, decided on the device: no host round trip per layer.
 
-A picked expert in a cache slot is read there (a hit). A missed one is read in place from page-locked host
-memory, and enters the cache on the way: it takes the next victim slot of a queue that the host filled
-between passes (the policy's lowest-scored slots first, free ones before them), skipping victims that this
-pass has used already, and the expert kernels copy it into that slot as they read it (expert_table.py's
-write table). When the queue runs dry, misses are only read in place.
+A picked expert in a cache slot is read there (a hit). A missed one takes the next victim slot of a queue
+that the host filled between passes (the policy's lowest-scored slots first, free ones before them),
+skipping victims that this pass has used already: it is listed for expert_fetch.py, which copies it from
+page-locked host memory into that slot with the whole GPU, and the expert kernels read it there. When the
+queue runs dry, a miss is read in place from host memory instead (a GPU's expert kernels read host memory at
+about half the speed the copy kernel does: bench/NOTES.md).
 
 The device keeps the residency: `slot_of` (layer, expert) -> slot, `owner` slot -> flat (layer, expert),
 `stamp` slot -> the pass that last used it; per-expert use counts and totals accumulate until the host
@@ -42,24 +43,29 @@ def victim_window(num_pairs: int, num_experts: int, capacity: int) -> int:
 
 
 def resolve_experts(experts: torch.Tensor, layer: int, first: bool, residency: Residency, reads: torch.Tensor,
-                    writes: torch.Tensor) -> None:
-    """experts [P] int64 picked by one layer call (-1: none) -> reads / writes [E, C] of expert_table.py for
-    the experts picked (rows of others are left as they are); updates the residency."""
+                    sources: torch.Tensor) -> torch.Tensor:
+    """experts [P] int64 picked by one layer call (-1: none) -> for the experts picked (rows of others are left
+    as they are) the address table the expert kernels read, reads [E, C], and where each admitted miss is
+    copied from, sources [E, C] (0 for the others); returns the admitted misses to fetch, in order, [P] int64
+    (-1 past them). Updates the residency."""
     num_experts, columns = reads.shape
     num_pairs, capacity = experts.numel(), residency.victims.numel() - 2
+    fetched = torch.empty(num_pairs, dtype=torch.long, device=experts.device)
     _resolve_kernel[(1,)](
-        experts, *residency, reads, writes, layer, num_pairs,
+        experts, *residency, reads, sources, fetched, layer, num_pairs,
         NUM_EXPERTS=num_experts, COLUMNS=columns, FIRST=first,
         BLOCK_P=triton.next_power_of_2(num_pairs), BLOCK_E=triton.next_power_of_2(num_experts),
         BLOCK_V=victim_window(num_pairs, num_experts, capacity), BLOCK_C=triton.next_power_of_2(columns),
         num_warps=4 if num_experts * num_pairs <= 4096 else 8,
     )
+    return fetched
 
 
 def resolve_experts_torch(experts: torch.Tensor, layer: int, first: bool, residency: Residency,
-                          reads: torch.Tensor, writes: torch.Tensor) -> None:
+                          reads: torch.Tensor, sources: torch.Tensor) -> torch.Tensor:
     """`resolve_experts`, one expert at a time on the host."""
     r = residency
+    fetched = []
     num_experts = reads.shape[0]
     if first:
         r.pass_number.add_(1)
@@ -77,12 +83,12 @@ def resolve_experts_torch(experts: torch.Tensor, layer: int, first: bool, reside
         r.uses[layer, expert] += 1
         if slots[expert] >= 0:
             reads[expert] = r.slot_rows[slots[expert]]
-            writes[expert] = 0
+            sources[expert] = 0
             r.counts[HITS] += 1
             continue
         r.counts[MISSES] += 1
         reads[expert] = r.host_rows[layer, expert]
-        writes[expert] = 0
+        sources[expert] = 0
         if not free:
             continue
         taken = free.pop(0)
@@ -95,14 +101,17 @@ def resolve_experts_torch(experts: torch.Tensor, layer: int, first: bool, reside
         r.owner[slot] = layer * r.slot_of.shape[1] + expert
         r.slot_of[layer, expert] = slot
         r.stamp[slot] = now
-        writes[expert] = r.slot_rows[slot]
+        reads[expert], sources[expert] = r.slot_rows[slot], r.host_rows[layer, expert]
+        fetched.append(expert)
         r.counts[ADMITTED] += 1
+    fetched += [-1] * (experts.numel() - len(fetched))
+    return torch.tensor(fetched, dtype=torch.long)
 
 
 @triton.jit
 def _resolve_kernel(
     experts_ptr, slot_of_ptr, owner_ptr, stamp_ptr, pass_ptr, victims_ptr, host_rows_ptr, slot_rows_ptr, uses_ptr,
-    counts_ptr, reads_ptr, writes_ptr, layer, num_pairs,
+    counts_ptr, reads_ptr, sources_ptr, fetched_ptr, layer, num_pairs,
     NUM_EXPERTS: tl.constexpr, COLUMNS: tl.constexpr, FIRST: tl.constexpr,
     BLOCK_P: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
@@ -154,8 +163,14 @@ def _resolve_kernel(
                         mask=miss[:, None] & column_ok[None, :], other=0)
     into_slot = tl.load(slot_rows_ptr + new_slot[:, None] * COLUMNS + column[None, :],
                         mask=admitted[:, None] & column_ok[None, :], other=0)
-    tl.store(reads_ptr + rows, from_slot + from_host, mask=picked[:, None] & column_ok[None, :])
-    tl.store(writes_ptr + rows, into_slot, mask=picked[:, None] & column_ok[None, :])
+    # admitted misses are copied into their slot first and read there
+    reads = tl.where(admitted[:, None], into_slot, from_slot + from_host)
+    sources = tl.where(admitted[:, None], from_host, 0)
+    admit_rank = tl.cumsum(admitted.to(tl.int32), 0) - 1
+    listed = (admitted[None, :] & (admit_rank[None, :] == pair[:, None])).to(tl.int64)  # [P, E]
+    tl.store(fetched_ptr + pair, tl.sum(listed * (expert[None, :] + 1), axis=1) - 1, mask=pair < num_pairs)
+    tl.store(reads_ptr + rows, reads, mask=picked[:, None] & column_ok[None, :])
+    tl.store(sources_ptr + rows, sources, mask=picked[:, None] & column_ok[None, :])
 
     uses = tl.load(uses_ptr + layer * NUM_EXPERTS + expert, mask=expert_ok, other=0)
     tl.store(uses_ptr + layer * NUM_EXPERTS + expert, uses + picked.to(tl.int32), mask=expert_ok)

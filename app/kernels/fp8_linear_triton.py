@@ -97,9 +97,8 @@ def _fp8_linear_kernel(
     w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, features, n_size, k_size, SCALES, SCALE_ROWS, SCALE_COLS)
     k_begin = split * k_per_split
     acc = _expert_matmul(
-        x_ptr, rows, used, w_rows, s_rows, w_rows, s_rows, row_ok, row_ok, k_begin,
-        tl.minimum(k_begin + k_per_split, k_size), k_size,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, False, BLOCK_M, BLOCK_N, BLOCK_K,
+        x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, tl.minimum(k_begin + k_per_split, k_size), k_size,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     out_ptrs = out_ptr + (split * tokens + rows[None, :]).to(tl.int64) * n_size + features[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=used[None, :] & row_ok[:, None])

@@ -19,7 +19,6 @@ from app.engine.fp8 import dequantize
 from app.engine.layers import silu_glu
 from app.kernels.choice import kernel_or_reference, triton_runs
 from app.kernels.expert_op import ExpertOp
-from app.kernels.expert_table import ExpertTable
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -66,12 +65,13 @@ def glu_experts(
 def glu_experts_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
-    table: ExpertTable,
+    table: torch.Tensor,
     rows: torch.Tensor,
     weights: torch.Tensor,
     fp8_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """`glu_experts` reading each expert where its row of `table` points (rows [T, k], -1: skip)."""
+    """`glu_experts` reading each expert where its row of the address table [R, C] points (rows [T, k],
+    -1: skip)."""
     from app.kernels.glu_experts_triton import run_from_table
 
     return run_from_table(hidden, arenas, table, rows, weights, fp8_block)

@@ -2,7 +2,7 @@
 
 Pairs (token, pick) are grouped into tiles that share an expert (expert_tiles.py), so each tile reads its
 expert's weights once, from wherever its row of an address table points (expert_table.py: a cache slot, or
-page-locked host memory in place, optionally copied into a slot as it is read), in the checkpoint's layout (rows are
+page-locked host memory in place), in the checkpoint's layout (rows are
 output features: gate/up [S, W, H], down [S, H, W]). Weights are bf16 or FP8 e4m3, converted in
 registers to the activations' dtype (FP8 with bf16 activations: to float16 by default, one instruction
 per two weights instead of three per weight; e4m3 values are exact there); an FP8 scale multiplies
@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_table import ExpertTable, columns, row_is_written, row_pointer, slot_table
+from app.kernels.expert_table import columns, row_pointer, slot_table
 from app.kernels.expert_tiles import (
     INTERPRETED,
     MAX_PAIRS,
@@ -100,14 +100,14 @@ def run_experts(
 def run_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
-    table: ExpertTable,
+    table: torch.Tensor,
     rows: torch.Tensor,
     weights: torch.Tensor,
     fp8_block: tuple[int, int] | None = None,
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
-    """`run_experts` reading each expert where its row of `table` points: rows [T, k] (-1: skip). The arenas
-    give the tensors' names, shapes and dtypes (the table's columns)."""
+    """`run_experts` reading each expert where its row of the address table [R, C] points: rows [T, k] (-1:
+    skip). The arenas give the tensors' names, shapes and dtypes (the table's columns)."""
     tokens, picks = rows.shape
     chunk = max(1, MAX_PAIRS // picks)
     if tokens > chunk:
@@ -126,27 +126,26 @@ def run_from_table(
     names = columns(arenas)
 
     num_pairs, device = rows.numel(), hidden.device
-    plan = plan_tiles(rows, table.reads.shape[0], config.pairs_per_tile)
+    plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
-    writes = table.writes if table.writes is not None else table.reads  # read only with HAS_WRITES
-    tables = dict(COLUMNS=len(names), HAS_WRITES=table.writes is not None)
-    shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile)
+    shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
+                  COLUMNS=len(names))
     half = config.fp16_products and hidden.dtype != torch.float32
 
     activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features // 2))](
-        hidden, *gate.typed_pointers(), table.reads, writes, *tiles_in, activations, hidden_size, width, picks,
+        hidden, *gate.typed_pointers(), table, *tiles_in, activations, hidden_size, width, picks,
         *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
-        **shared, **tables, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
+        **shared, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
-        activations, *down.typed_pointers(), table.reads, writes, weights, *tiles_in, per_pick, hidden_size, width,
+        activations, *down.typed_pointers(), table, weights, *tiles_in, per_pick, hidden_size, width,
         *down.table_columns(names, "down_proj"),
-        **shared, **tables, **down.constants(half), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
+        **shared, **down.constants(half), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return sum_picks(per_pick, rows, hidden.dtype)
@@ -172,44 +171,35 @@ def _row_pointers(
 
 @triton.jit
 def _expert_matmul(
-    x_ptr, rows, used, w_rows, s_rows, write_w_rows, write_s_rows, row_ok, write_ok, k_begin, k_end, k_size,
+    x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
     SCALES: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, HAS_WRITES: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """W[:, k_begin:k_end] @ x[rows, k_begin:k_end]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0) for the
-    weight rows of `_row_pointers`, scaled as SCALES says; x rows are k_size long. Weights and scales read are
-    also stored at the write rows where `write_ok`."""
+    weight rows of `_row_pointers`, scaled as SCALES says; x rows are k_size long."""
     depth = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + rows[None, :].to(tl.int64) * k_size + k_begin + depth[:, None]  # [BLOCK_K, BLOCK_M]
-    offsets = k_begin + depth[None, :]  # [1, BLOCK_K] from each row's start
+    w_ptrs = w_rows[:, None] + k_begin + depth[None, :]  # [BLOCK_N, BLOCK_K]
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in range(k_begin, k_end, BLOCK_K):
-        in_depth = depth[None, :] < k_end - k0
         x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_end - k0), other=0.0)
-        w = tl.load(w_rows[:, None] + offsets, mask=row_ok[:, None] & in_depth, other=0.0)
-        if HAS_WRITES:
-            tl.store(write_w_rows[:, None] + offsets, w, mask=write_ok[:, None] & in_depth)
+        w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
         elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
             w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         if SCALES == 2:
-            stored_scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0)
-            if HAS_WRITES:
-                tl.store(write_s_rows + k0 // SCALE_COLS, stored_scale, mask=write_ok)
+            scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)
             products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
-            acc += products * stored_scale.to(tl.float32)[:, None]
+            acc += products * scale[:, None]
         else:
             acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
-        offsets += BLOCK_K
+        w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if SCALES == 1:
-        stored_scale = tl.load(s_rows, mask=row_ok, other=0.0)
-        if HAS_WRITES:
-            tl.store(write_s_rows, stored_scale, mask=write_ok)
-        acc *= stored_scale.to(tl.float32)[:, None]
+        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     return acc
 
 
@@ -224,21 +214,22 @@ def _gate_and_up(table_ptr, row, gate_column, gate_scale_column, up_column, up_s
     # alignment): Triton then loads them 16 bytes at a time, asynchronously
     weights = tl.multiple_of(gate + is_up.to(tl.int64) * (up_offset // ELEMENT_BYTES), 16)
     if SCALES == 0:
-        return weights, weights
-    gate_scales = row_pointer(table_ptr, row, gate_scale_column, COLUMNS, gate_scale_ptr)
-    up_scales = row_pointer(table_ptr, row, up_scale_column, COLUMNS, gate_scale_ptr)
-    return weights, tl.where(is_up, up_scales, gate_scales)
+        scales = weights
+    else:
+        gate_scales = row_pointer(table_ptr, row, gate_scale_column, COLUMNS, gate_scale_ptr)
+        up_scales = row_pointer(table_ptr, row, up_scale_column, COLUMNS, gate_scale_ptr)
+        scales = tl.where(is_up, up_scales, gate_scales)
+    return weights, scales
 
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, gate_ptr, gate_scale_ptr, reads_ptr, writes_ptr,
+    hidden_ptr, gate_ptr, gate_scale_ptr, table_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr, hidden_size, width, picks,
     gate_column, gate_scale_column, up_column, up_scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, COLUMNS: tl.constexpr,
-    HAS_WRITES: tl.constexpr, ELEMENT_BYTES: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ELEMENT_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """A tile's rows are BLOCK_N / 2 gate rows, then the same features' up rows: one product reads both."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
@@ -248,22 +239,12 @@ def _gate_up_kernel(
     lane = tl.arange(0, BLOCK_N)
     is_up = lane >= BLOCK_N // 2
     features = tl.program_id(1) * (BLOCK_N // 2) + lane % (BLOCK_N // 2)
-    columns = (gate_column, gate_scale_column, up_column, up_scale_column)
-    weight_ptr, scale_ptr = _gate_and_up(reads_ptr, row, *columns, is_up, gate_ptr, gate_scale_ptr,
-                                         COLUMNS, SCALES, ELEMENT_BYTES)
+    weight_ptr, scale_ptr = _gate_and_up(table_ptr, row, gate_column, gate_scale_column, up_column, up_scale_column,
+                                         is_up, gate_ptr, gate_scale_ptr, COLUMNS, SCALES, ELEMENT_BYTES)
     w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS)
-    written = row_is_written(writes_ptr, row, gate_column, COLUMNS, HAS_WRITES)
-    if HAS_WRITES:
-        write_weights, write_scales = _gate_and_up(writes_ptr, row, *columns, is_up, gate_ptr, gate_scale_ptr,
-                                                   COLUMNS, SCALES, ELEMENT_BYTES)
-        write_w_rows, write_s_rows = _row_pointers(write_weights, write_scales, features, width, hidden_size,
-                                                   SCALES, SCALE_ROWS, SCALE_COLS)
-    else:
-        write_w_rows, write_s_rows = w_rows, s_rows
     acc = _expert_matmul(
-        hidden_ptr, tokens, used, w_rows, s_rows, write_w_rows, write_s_rows, features < width,
-        features < width * written, 0, hidden_size, hidden_size,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
+        hidden_ptr, tokens, used, w_rows, s_rows, features < width, 0, hidden_size, hidden_size,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_M)), (1, 2, 0)))
@@ -273,34 +254,24 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, reads_ptr, writes_ptr, routing_ptr,
+    activations_ptr, weight_ptr, scale_ptr, table_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
     weight_column, scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, COLUMNS: tl.constexpr,
-    HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    weights = row_pointer(reads_ptr, row, weight_column, COLUMNS, weight_ptr)
-    scales = row_pointer(reads_ptr, row, scale_column, COLUMNS, scale_ptr)
+    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
+    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
     w_rows, s_rows = _row_pointers(weights, scales, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS)
-    written = row_is_written(writes_ptr, row, weight_column, COLUMNS, HAS_WRITES)
-    if HAS_WRITES:
-        write_w_rows, write_s_rows = _row_pointers(
-            row_pointer(writes_ptr, row, weight_column, COLUMNS, weight_ptr),
-            row_pointer(writes_ptr, row, scale_column, COLUMNS, scale_ptr),
-            features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS,
-        )
-    else:
-        write_w_rows, write_s_rows = w_rows, s_rows
     acc = _expert_matmul(
-        activations_ptr, positions, used, w_rows, s_rows, write_w_rows, write_s_rows, features < hidden_size,
-        features < hidden_size * written, 0, width, width,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
+        activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, 0, width, width,
+        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
     )
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
     tl.store(

@@ -16,7 +16,6 @@ import torch
 from app.engine.mxfp4 import decode_mxfp4
 from app.kernels.choice import kernel_or_reference, triton_runs
 from app.kernels.expert_op import ExpertOp
-from app.kernels.expert_table import ExpertTable
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
@@ -72,13 +71,14 @@ def gpt_oss_experts(
 def gpt_oss_experts_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
-    table: ExpertTable,
+    table: torch.Tensor,
     rows: torch.Tensor,
     weights: torch.Tensor,
     limit: float,
     alpha: float,
 ) -> torch.Tensor:
-    """`gpt_oss_experts` reading each expert where its row of `table` points (rows [T, k], -1: skip)."""
+    """`gpt_oss_experts` reading each expert where its row of the address table [R, C] points (rows [T, k],
+    -1: skip)."""
     from app.kernels.gpt_oss_experts_triton import run_from_table
 
     return run_from_table(hidden, arenas, table, rows, weights, limit, alpha)

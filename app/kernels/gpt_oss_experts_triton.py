@@ -2,11 +2,10 @@
 
 Pairs (token, pick) are grouped into tiles that share an expert (expert_tiles.py), so each tile reads its
 expert's weights once, from wherever its row of an address table (expert_table.py) points: a cache slot,
-or page-locked host memory read over PCIe in place, which a second table may have the kernels copy into a
-slot as they read it; MXFP4 is dequantized on the fly (`tl.dot_scaled`). Weights are the M side of each
-product (out^T = W @ x^T), so the token side of a tile can be as small as 16. At decode (a few pairs per
-tile) MXFP4 products run on CUDA cores instead (mxfp4_cuda_cores.py): no matrix unit, one or two pairs per
-tile.
+or page-locked host memory read over PCIe in place; MXFP4 is dequantized on the fly (`tl.dot_scaled`).
+Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be as small as 16.
+At decode (a few pairs per tile) MXFP4 products run on CUDA cores instead (mxfp4_cuda_cores.py): no matrix
+unit, one or two pairs per tile.
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W], in sorted order.
 - down: bias and routing weight in the epilogue -> one float32 row per pick [P, H].
@@ -19,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_table import ExpertTable, columns, row_is_written, row_pointer, slot_table
+from app.kernels.expert_table import columns, row_pointer, slot_table
 from app.kernels.expert_tiles import (
     INTERPRETED,
     MAX_PAIRS,
@@ -69,15 +68,15 @@ def run_experts(
 def run_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
-    table: ExpertTable,
+    table: torch.Tensor,
     rows: torch.Tensor,
     weights: torch.Tensor,
     limit: float,
     alpha: float,
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
-    """`run_experts` reading each expert where its row of `table` points: rows [T, k] (-1: skip). The arenas
-    give the tensors' names, shapes and dtypes (the table's columns)."""
+    """`run_experts` reading each expert where its row of the address table [R, C] points: rows [T, k] (-1:
+    skip). The arenas give the tensors' names, shapes and dtypes (the table's columns)."""
     tokens, picks = rows.shape
     chunk = max(1, MAX_PAIRS // picks)
     if tokens > chunk:
@@ -106,23 +105,22 @@ def run_from_table(
     config = config or pick_config(rows.numel(), mxfp4)
 
     num_pairs, device = rows.numel(), hidden.device
-    plan = plan_tiles(rows, table.reads.shape[0], config.pairs_per_tile)
+    plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
-    writes = table.writes if table.writes is not None else table.reads  # read only with HAS_WRITES
 
     assert not config.cuda_cores or mxfp4, "CUDA-core products are for MXFP4 weights"
     if config.cuda_cores:  # the products read 8 codes at a time: [S, N, K/32, 16] bytes -> [S, N, K/32, 4] words
         gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
     shared = dict(
         MXFP4=mxfp4, F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
-        CUDA_CORES=config.cuda_cores, COLUMNS=len(names), HAS_WRITES=table.writes is not None,
+        CUDA_CORES=config.cuda_cores, COLUMNS=len(names),
     )
     # CUDA-core products read x as float32 by group (gate_up's kernel writes the activations so too)
     x = group_major(hidden) if config.cuda_cores else hidden
     activations = torch.empty((num_pairs, width), dtype=x.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(two_width, tiles.features))](
-        x, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], table.reads, writes, *tiles_in, activations,
+        x, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], table, *tiles_in, activations,
         limit, alpha, hidden_size, width, picks, *gate_up_columns,
         **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, hidden_size, mxfp4, config.cuda_cores),
         num_warps=tiles.warps, num_stages=tiles.stages,
@@ -130,7 +128,7 @@ def run_from_table(
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
-        activations, down, down_scales, arenas["down_proj_bias"], table.reads, writes, weights, *tiles_in,
+        activations, down, down_scales, arenas["down_proj_bias"], table, weights, *tiles_in,
         per_pick, hidden_size, width, *down_columns,
         **shared, BLOCK_N=tiles.features, BLOCK_K=_step(tiles, width, mxfp4, config.cuda_cores),
         num_warps=tiles.warps, num_stages=tiles.stages,
@@ -149,15 +147,13 @@ def _step(tiles: Tiles, k_size: int, mxfp4: bool, cuda_cores: bool) -> int:
 
 @triton.jit
 def _expert_matmul(
-    x_ptr, rows, used, weight_ptr, scale_ptr, write_weight_ptr, write_scale_ptr, features, n_size, k_size, written,
-    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HAS_WRITES: tl.constexpr,
+    x_ptr, rows, used, weight_ptr, scale_ptr, features, n_size, k_size,
+    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """W[features, :] @ x[rows, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused rows give 0), W one expert's weights:
-    MXFP4 [N, K/2] bytes + [N, K/32] scales, or dense [K, N]. With `written` (0 or 1) the weights read are also
-    stored at the write pointers."""
+    MXFP4 [N, K/2] bytes + [N, K/32] scales, or dense [K, N]."""
     feature_ok = features < n_size
-    write_ok = features < n_size * written
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     if MXFP4:
         # One 32-wide group per product: e2m1 -> bf16 is then a table lookup, and the group's
@@ -165,18 +161,13 @@ def _expert_matmul(
         groups = k_size // 32
         depth = tl.arange(0, 32)
         byte = tl.arange(0, 16)
-        w_offsets = features[:, None] * (k_size // 2) + byte[None, :]
-        s_offsets = features * groups
+        w_ptrs = weight_ptr + features[:, None] * (k_size // 2) + byte[None, :]
+        s_ptrs = scale_ptr + features * groups
         x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [32, BLOCK_M]
-        for first in range(0, groups, BLOCK_K // 32):
+        for _ in range(0, groups, BLOCK_K // 32):
             for step in tl.static_range(BLOCK_K // 32):  # BLOCK_K divides K here
-                w_at = w_offsets + (first + step) * 16
-                s_at = s_offsets + first + step
-                blocks = tl.load(weight_ptr + w_at, mask=feature_ok[:, None], other=0)
-                scale = tl.load(scale_ptr + s_at, mask=feature_ok, other=0)
-                if HAS_WRITES:
-                    tl.store(write_weight_ptr + w_at, blocks, mask=write_ok[:, None])
-                    tl.store(write_scale_ptr + s_at, scale, mask=write_ok)
+                blocks = tl.load(w_ptrs + step * 16, mask=feature_ok[:, None], other=0)
+                scale = tl.load(s_ptrs + step, mask=feature_ok, other=0)
                 x = tl.load(x_ptrs + step * 32, mask=used[None, :], other=0)
                 high = x.to(tl.bfloat16)
                 products = tl.dot_scaled(blocks, None, "e2m1", high, None, "bf16")
@@ -185,91 +176,65 @@ def _expert_matmul(
                     products += tl.dot_scaled(blocks, None, "e2m1", low, None, "bf16")
                 # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
                 acc += products * (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)[:, None]
+            w_ptrs += BLOCK_K // 2
+            s_ptrs += BLOCK_K // 32
             x_ptrs += BLOCK_K
     else:
         depth = tl.arange(0, BLOCK_K)
         x_ptrs = x_ptr + rows[None, :] * k_size + depth[:, None]  # [BLOCK_K, BLOCK_M]
-        w_offsets = depth[None, :] * n_size + features[:, None]
+        w_ptrs = weight_ptr + depth[None, :] * n_size + features[:, None]
         for k0 in range(0, k_size, BLOCK_K):
-            in_depth = depth[None, :] < k_size - k0
             x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_size - k0), other=0.0)
-            w = tl.load(weight_ptr + w_offsets, mask=feature_ok[:, None] & in_depth, other=0.0)  # [N, K]
-            if HAS_WRITES:
-                tl.store(write_weight_ptr + w_offsets, w, mask=write_ok[:, None] & in_depth)
+            w = tl.load(w_ptrs, mask=feature_ok[:, None] & (depth[None, :] < k_size - k0), other=0.0)  # [N, K]
             if UPCAST:
                 w, x = w.to(tl.float32), x.to(tl.float32)
             # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
             acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
-            w_offsets += BLOCK_K * n_size
+            w_ptrs += BLOCK_K * n_size
             x_ptrs += BLOCK_K
     return acc
 
 
 @triton.jit
-def _expert_pointers(
-    reads_ptr, writes_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column, bias_column,
-    COLUMNS: tl.constexpr, HAS_WRITES: tl.constexpr,
-):
-    """The tile's expert: where its weights, scales and biases are read and written, and whether it is written
-    (0 or 1); typed as the arenas' pointers."""
-    read_weights = row_pointer(reads_ptr, row, weight_column, COLUMNS, weight_ptr)
-    read_scales = row_pointer(reads_ptr, row, scale_column, COLUMNS, scale_ptr)
-    read_biases = row_pointer(reads_ptr, row, bias_column, COLUMNS, bias_ptr)
-    written = row_is_written(writes_ptr, row, weight_column, COLUMNS, HAS_WRITES)
-    if HAS_WRITES:
-        write_weights = row_pointer(writes_ptr, row, weight_column, COLUMNS, weight_ptr)
-        write_scales = row_pointer(writes_ptr, row, scale_column, COLUMNS, scale_ptr)
-        write_biases = row_pointer(writes_ptr, row, bias_column, COLUMNS, bias_ptr)
-    else:
-        write_weights, write_scales, write_biases = read_weights, read_scales, read_biases
-    return read_weights, read_scales, read_biases, write_weights, write_scales, write_biases, written
-
-
-@triton.jit
 def _products(
-    x_ptr, inputs, used, weights, scales, write_weights, write_scales, features, n_size, k_size, written,
-    MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
-    HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, inputs, used, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column, features, n_size,
+    k_size, MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
+    COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One projection of the tile's expert, on CUDA cores or on the matrix units."""
+    """One projection of the tile's expert (row `row` of the address table), on CUDA cores or the matrix units."""
+    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
+    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
     if CUDA_CORES:
         acc = mxfp4_rows_times_inputs(
-            x_ptr, inputs, used, weights, scales, write_weights, write_scales, features, n_size, k_size, written,
-            HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K // 32,
+            x_ptr, inputs, used, weights, scales, features, n_size, k_size, BLOCK_M, BLOCK_N, BLOCK_K // 32,
         )
     else:
         acc = _expert_matmul(
-            x_ptr, inputs, used, weights, scales, write_weights, write_scales, features, n_size, k_size, written,
-            MXFP4, F32_INPUTS, UPCAST, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
+            x_ptr, inputs, used, weights, scales, features, n_size, k_size, MXFP4, F32_INPUTS, UPCAST,
+            BLOCK_M, BLOCK_N, BLOCK_K,
         )
     return acc
 
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, weight_ptr, scale_ptr, bias_ptr, reads_ptr, writes_ptr,
+    hidden_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr,
     limit, alpha, hidden_size, width, picks, weight_column, scale_column, bias_column,
     MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
-    COLUMNS: tl.constexpr, HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    weights, scales, biases, write_weights, write_scales, write_biases, written = _expert_pointers(
-        reads_ptr, writes_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column, bias_column,
-        COLUMNS, HAS_WRITES,
-    )
     acc = _products(
-        hidden_ptr, tokens, used, weights, scales, write_weights, write_scales, features, 2 * width, hidden_size,
-        written, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
+        hidden_ptr, tokens, used, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column, features,
+        2 * width, hidden_size, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, COLUMNS, BLOCK_M, BLOCK_N, BLOCK_K,
     )
+    biases = row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
     bias = tl.load(biases + features, mask=features < 2 * width, other=0.0)
-    if HAS_WRITES:
-        tl.store(write_biases + features, bias, mask=features < 2 * width * written)
     acc += bias.to(tl.float32)[:, None]
     # rows alternate gate, up: [BLOCK_N, M] -> [BLOCK_N/2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))
@@ -283,29 +248,23 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, bias_ptr, reads_ptr, writes_ptr, routing_ptr,
+    activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
     weight_column, scale_column, bias_column,
     MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
-    COLUMNS: tl.constexpr, HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    weights, scales, biases, write_weights, write_scales, write_biases, written = _expert_pointers(
-        reads_ptr, writes_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column, bias_column,
-        COLUMNS, HAS_WRITES,
-    )
     acc = _products(
-        activations_ptr, positions, used, weights, scales, write_weights, write_scales, features, hidden_size,
-        width, written, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, HAS_WRITES, BLOCK_M, BLOCK_N, BLOCK_K,
+        activations_ptr, positions, used, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column,
+        features, hidden_size, width, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, COLUMNS, BLOCK_M, BLOCK_N, BLOCK_K,
     )
+    biases = row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
     bias = tl.load(biases + features, mask=features < hidden_size, other=0.0)
-    if HAS_WRITES:
-        tl.store(write_biases + features, bias, mask=features < hidden_size * written)
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
     acc = (acc + bias.to(tl.float32)[:, None]) * routing.to(tl.float32)[None, :]
     tl.store(

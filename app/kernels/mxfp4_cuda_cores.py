@@ -37,18 +37,16 @@ def _e2m1_times_2_pow_minus_126(words, NIBBLE: tl.constexpr):
 
 @triton.jit
 def mxfp4_rows_times_inputs(
-    x_ptr, inputs, used, words_ptr, scale_ptr, write_words_ptr, write_scale_ptr, rows, n_size, k_size, written,
-    HAS_WRITES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
+    x_ptr, inputs, used, words_ptr, scale_ptr, rows, n_size, k_size,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUPS: tl.constexpr,
 ):
     """W[rows, :] @ x[inputs, :]^T -> [BLOCK_N, BLOCK_M] float32 (unused columns give 0).
 
     W is one expert's MXFP4 as uint32 words [N, K/8] (8 codes each, lowest bits first) + scales [N, K/32]; x is
     float32 times X_SCALE, stored group-major, [*, 32, K/32] (`group_major`); each step takes GROUPS groups
-    of 32 inputs per row. With `written` (0 or 1) the words and scales read are also stored at the write
-    pointers."""
+    of 32 inputs per row."""
     groups_total = k_size // 32
     row_ok = rows < n_size
-    write_ok = rows < n_size * written
     group = tl.arange(0, GROUPS)
     # lanes take groups: one 16-byte load per row brings a group's 4 words, and x's element j of 32
     # consecutive groups is one 128-byte line
@@ -61,13 +59,8 @@ def mxfp4_rows_times_inputs(
         group_ok = group < groups_total - first
         w_ok = row_ok[:, None] & group_ok[None, :]
         x_ok = used[:, None] & group_ok[None, :]
-        stored = tl.load(words_ptr + words_at, mask=w_ok[:, :, None], other=0)  # [BLOCK_N, G, 4]
+        words4 = tl.load(words_ptr + words_at, mask=w_ok[:, :, None], other=0).to(tl.uint32, bitcast=True)  # [N,G,4]
         scale_byte = tl.load(scale_ptr + scales_at, mask=w_ok, other=0)
-        if HAS_WRITES:
-            copied = write_ok[:, None] & group_ok[None, :]
-            tl.store(write_words_ptr + words_at, stored, mask=copied[:, :, None])
-            tl.store(write_scale_ptr + scales_at, scale_byte, mask=copied)
-        words4 = stored.to(tl.uint32, bitcast=True)
         even, odd = tl.split(tl.reshape(words4, (BLOCK_N, GROUPS, 2, 2)))  # words 0, 2 and 1, 3
         words0, words2 = tl.split(even)
         words1, words3 = tl.split(odd)

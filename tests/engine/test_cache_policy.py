@@ -78,3 +78,14 @@ def test_the_expert_cache_keeps_a_popular_expert_through_a_burst_of_others():
     assert cache.resident() == {(0, 0), (0, 2), (1, 3)}
     assert cache.ensure(0, [0]) and cache.stats.hits == 4
     assert cache.slot_table[0, 1] == -1 and cache.slot_table[1, 3] >= 0
+
+
+def test_lowest_lists_the_lowest_scored_keys_first_and_forget_leaves_the_rest():
+    policy = DecayedUseEviction(8.0)
+    for key, uses in (("a", 3), ("b", 1), ("c", 2), ("d", 5)):
+        for _ in range(uses):
+            policy.used(key)
+    assert policy.lowest(["a", "b", "c", "d"], 2) == ["b", "c"]
+    assert policy.lowest(["a", "b", "c", "d"], 9) == ["b", "c", "a", "d"]
+    policy.forget("b")
+    assert policy.victim() == "c"  # b is no longer resident

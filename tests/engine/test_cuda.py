@@ -44,7 +44,8 @@ def test_offloaded_gpu_experts_with_prefetch_match_the_resident_graph(tiny_gpt_o
     resident = load(tiny_gpt_oss, "cuda")
     placement = resident.placement
     budget = placement.resident_bytes + placement.kv_cache_bytes + placement.workspace_bytes
-    offloaded = load(tiny_gpt_oss, "cuda", gpu_budget=budget + 5 * placement.expert_bytes, prefetch_layers=2)
+    offloaded = load(tiny_gpt_oss, "cuda", gpu_budget=budget + 5 * placement.expert_bytes, prefetch_layers=2,
+                     misses_on_device=False)
     assert not offloaded.model.experts.complete
     tokens, stats = greedy(offloaded, 24)
     assert tokens == resident_tokens

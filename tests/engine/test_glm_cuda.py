@@ -34,17 +34,19 @@ def test_gpu_greedy_tokens_match_the_cpu_engine(variant, tiny_glm):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_offloaded_gpu_experts_match_the_resident_ones(variant, tiny_glm):
+@pytest.mark.parametrize("on_device", [False, True], ids=["copied-with-prefetch", "served-on-device"])
+def test_offloaded_gpu_experts_match_the_resident_ones(variant, tiny_glm, on_device):
     resident = load(tiny_glm(variant), "cuda")
     resident_tokens, _ = greedy(resident, 24)
     placement = resident.placement
     budget = placement.resident_bytes + placement.kv_cache_bytes + placement.workspace_bytes
-    offloaded = load(tiny_glm(variant), "cuda", gpu_budget=budget + 5 * placement.expert_bytes, prefetch_layers=2)
-    assert not offloaded.model.experts.complete
+    offloaded = load(tiny_glm(variant), "cuda", gpu_budget=budget + 5 * placement.expert_bytes, prefetch_layers=2,
+                     misses_on_device=on_device)
+    assert not offloaded.model.experts.complete and (offloaded.model.experts.device_misses is not None) == on_device
     tokens, stats = greedy(offloaded, 24)
     assert tokens == resident_tokens
     assert stats["expert_cache"]["misses"] > 0
-    assert stats["expert_cache"]["prefetches"] > 0
+    assert (stats["expert_cache"]["prefetches"] > 0) != on_device  # served on the device, nothing is prefetched
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -36,7 +36,7 @@ def offloaded(folder, device: str, slots: int, prefetch_layers: int = 0):
     probe = load_model(ModelFolder.open(folder), device=device, dtype="float32", context=64).placement
     budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + slots * probe.expert_bytes
     loaded = load_model(ModelFolder.open(folder), device=device, dtype="float32", context=64, gpu_budget=budget,
-                        prefetch_layers=prefetch_layers, read_misses_in_place=False)
+                        prefetch_layers=prefetch_layers, misses_on_device=False)
     assert loaded.placement.expert_slots == slots and not loaded.model.experts.complete
     return loaded
 

@@ -65,8 +65,9 @@ def test_kernel_matches_reference_over_passes(num_experts, num_slots, tokens, pi
             experts = torch.stack([torch.randperm(num_experts, generator=generator)[:picks] for _ in range(tokens)])
             experts[torch.rand(experts.shape, generator=generator) < 0.15] = -1  # another device's picks
             tables = [torch.full((num_experts, COLUMNS), -7, dtype=torch.long) for _ in range(4)]
-            resolve_experts(experts.flatten(), layer, layer == 0, kernel_state, *tables[:2])
-            resolve_experts_torch(experts.flatten(), layer, layer == 0, reference_state, *tables[2:])
+            fetched = resolve_experts(experts.flatten(), layer, layer == 0, kernel_state, *tables[:2])
+            expected = resolve_experts_torch(experts.flatten(), layer, layer == 0, reference_state, *tables[2:])
+            assert fetched.tolist() == expected.tolist()
             for got, want in zip(kernel_state, reference_state, strict=True):
                 assert torch.equal(got, want), (pass_index, layer)
             picked = sorted({e for e in experts.flatten().tolist() if e >= 0})
@@ -86,18 +87,40 @@ def test_a_miss_takes_a_free_slot_then_evicts_and_later_hits():
         slot_rows=torch.arange(1000, 1000 + 2 * COLUMNS).view(2, COLUMNS),
         uses=torch.zeros(LAYERS, num_experts, dtype=torch.int32), counts=torch.zeros(4, dtype=torch.long),
     )
-    reads, writes = (torch.zeros(num_experts, COLUMNS, dtype=torch.long) for _ in range(2))
-    resolve_experts(torch.tensor([2]), 0, True, r, reads, writes)  # a miss: read from the host, written to slot 1
-    assert torch.equal(reads[2], r.host_rows[0, 2]) and torch.equal(writes[2], r.slot_rows[1])
+    reads, sources = (torch.zeros(num_experts, COLUMNS, dtype=torch.long) for _ in range(2))
+    fetched = resolve_experts(torch.tensor([2]), 0, True, r, reads, sources)  # a miss: fetched into slot 1
+    assert fetched.tolist() == [2]
+    assert torch.equal(reads[2], r.slot_rows[1]) and torch.equal(sources[2], r.host_rows[0, 2])
     assert r.slot_of[0, 2] == 1 and r.owner[1] == 2
-    resolve_experts(torch.tensor([3]), 1, False, r, reads, writes)  # slot 0, free
+    resolve_experts(torch.tensor([3]), 1, False, r, reads, sources)  # slot 0, free
     r.victims[:] = torch.tensor([0, 2, 1, 0])
-    resolve_experts(torch.tensor([3]), 1, True, r, reads, writes)  # a new pass: (1, 3) hits in slot 0
-    assert torch.equal(reads[3], r.slot_rows[0]) and (writes[3] == 0).all()
-    resolve_experts(torch.tensor([0, 1]), 2, False, r, reads, writes)
+    resolve_experts(torch.tensor([3]), 1, True, r, reads, sources)  # a new pass: (1, 3) hits in slot 0
+    assert torch.equal(reads[3], r.slot_rows[0]) and (sources[3] == 0).all()
+    fetched = resolve_experts(torch.tensor([0, 1]), 2, False, r, reads, sources)
     # (2, 0) evicts (0, 2) from slot 1; (2, 1) skips slot 0, which this pass used, and is only read in place
+    assert fetched.tolist() == [0, -1]
     assert r.slot_of[0, 2] == -1 and r.slot_of[2, 0] == 1 and r.owner[1] == 2 * (num_experts + 1)
-    assert torch.equal(writes[0], r.slot_rows[1])
-    assert torch.equal(reads[1], r.host_rows[2, 1]) and (writes[1] == 0).all() and r.slot_of[2, 1] == -1
+    assert torch.equal(reads[0], r.slot_rows[1]) and torch.equal(sources[0], r.host_rows[2, 0])
+    assert torch.equal(reads[1], r.host_rows[2, 1]) and (sources[1] == 0).all() and r.slot_of[2, 1] == -1
     assert r.counts[HITS] == 1 and r.counts[MISSES] == 4 and r.counts[ADMITTED] == 3 and r.counts[EVICTED] == 1
     assert r.uses[1].tolist() == [0, 0, 0, 2] and r.uses[2].tolist() == [1, 1, 0, 0]
+
+
+def test_the_admitted_misses_are_listed_in_order_and_read_from_their_slots():
+    generator = torch.Generator().manual_seed(3)
+    kernel_state = random_residency(8, 6, 4, generator)
+    reference_state = clone(kernel_state)
+    experts = torch.tensor([0, 3, 5, 6, 7, 1])
+    tables = [torch.full((8, COLUMNS), -7, dtype=torch.long) for _ in range(4)]
+    fetched = resolve_experts(experts, 1, True, kernel_state, *tables[:2])
+    expected = resolve_experts_torch(experts, 1, True, reference_state, *tables[2:])
+    assert fetched.tolist() == expected.tolist()
+    listed = [e for e in fetched.tolist() if e >= 0]
+    assert listed and fetched.tolist() == listed + [-1] * (len(experts) - len(listed))
+    for expert in listed:
+        assert torch.equal(tables[0][expert], kernel_state.slot_rows[kernel_state.slot_of[1, expert]])
+        assert torch.equal(tables[1][expert], kernel_state.host_rows[1, expert])
+    for got, want in zip(kernel_state, reference_state, strict=True):
+        assert torch.equal(got, want)
+    picked = sorted(set(experts.tolist()))
+    assert torch.equal(tables[0][picked], tables[2][picked]) and torch.equal(tables[1][picked], tables[3][picked])

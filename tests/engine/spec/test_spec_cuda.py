@@ -32,7 +32,8 @@ def tokens_and_stats(events) -> tuple[list[int], dict]:
 
 
 @pytest.mark.parametrize("block_size", [None, 4])
-@pytest.mark.parametrize("offloaded", [False, True], ids=["resident-graph", "offloaded-prefetch"])
+@pytest.mark.parametrize("offloaded", [None, "host", "device"], ids=["resident-graph", "offloaded-prefetch",
+                                                                    "offloaded-device-graphs"])
 def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash, block_size, offloaded):
     resident = load(tiny_gpt_oss)
     assert resident.experts.complete
@@ -42,8 +43,9 @@ def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash
     if offloaded:
         probe = load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64).placement
         budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + 5 * probe.expert_bytes
-        model = load(tiny_gpt_oss, gpu_budget=budget, prefetch_layers=2)
-        assert not model.experts.complete
+        model = load(tiny_gpt_oss, gpu_budget=budget, prefetch_layers=2,
+                     misses_on_device=offloaded == "device")
+        assert not model.experts.complete and (model.experts.device_misses is not None) == (offloaded == "device")
     speculation = DFlashSpeculation(tiny_dflash, None)
     speculation.load(model)
     drafter = AgreeingDrafter(speculation.new_drafter(64), len(PROMPT), reference, 0.7, 384, seed=1)
@@ -53,6 +55,8 @@ def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash
     assert tokens == reference
     assert max(stats["spec"]["accepted_per_step"]) > 0
     if offloaded:
-        assert stats["expert_cache"]["misses"] > 0 and stats["expert_cache"]["prefetches"] > 0
+        # with misses served on the device, the look-ahead is off: it never prefetches
+        assert stats["expert_cache"]["misses"] > 0
+        assert (stats["expert_cache"]["prefetches"] > 0) == (offloaded == "host")
     elif block_size is None:
         assert 1 in stats["spec"]["block_sizes"]  # the graph step ran

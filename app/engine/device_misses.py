@@ -1,26 +1,27 @@
-"""Misses read in place: the device decides every layer's hits, misses and admissions, the host only between
+"""Misses served by the device: it decides every layer's hits, misses and admissions, the host only between
 passes.
 
 With every routed expert in the page-locked host store, a decode or verify pass needs no host work per layer:
-each MoE layer call resolves its picks on the device (app/kernels/expert_resolve.py) into an address table, and
-the expert kernels read hits from cache slots and misses from host memory over PCIe, copying admitted misses
-into victim slots as they read them (at batch 1 every weight byte is read once a token, so copying first would
-buy that token nothing). Between passes `settle` reads what the device did in one transfer, scores the eviction
-policy with it, counts hits and misses, and refills the queue of victim slots for the next pass: free slots
-first, then the policy's lowest-scored. So the policy decides what stays, off the critical path.
+each MoE layer call resolves its picks on the device (app/kernels/expert_resolve.py) into an address table, one
+copy kernel over the whole GPU fetches its admitted misses from host memory into their victim slots
+(app/kernels/expert_fetch.py), and the expert kernels read every expert where the table points. Between passes
+`settle` reads what the device did in one transfer, scores the eviction policy with it, counts hits and misses,
+and refills the queue of victim slots for the next pass: free slots first, then the policy's lowest-scored. So
+the policy decides what stays, off the critical path.
 """
 
 import numpy as np
 import torch
 
 from app.engine.cache_policy import DecayedUseEviction
+from app.kernels.expert_fetch import fetch_experts
 from app.kernels.expert_resolve import EVICTED, HITS, MISSES, Residency, resolve_experts
-from app.kernels.expert_table import ExpertTable, columns, device_addresses, slot_table
+from app.kernels.expert_table import columns, device_addresses, slot_table
 
-IN_PLACE_MAX_TOKENS = 16  # decode steps and verify blocks; a prefill chunk's misses are copied first
+DEVICE_PASS_MAX_TOKENS = 16  # decode steps and verify blocks; the host copies a prefill chunk's misses
 
 
-class MissesInPlace:
+class DeviceMisses:
     """The device-side residency of an `ExpertCache` (`cache`) and the host's view of it."""
 
     def __init__(self, cache, top_k: int):
@@ -46,12 +47,16 @@ class MissesInPlace:
             pass_number=torch.zeros(1, dtype=torch.long, device=device),
             victims=torch.zeros(2 + self.queue_length, dtype=torch.long, device=device),
             host_rows=host_rows.to(device),
-            slot_rows=slot_table(cache.arenas).reads,
+            slot_rows=slot_table(cache.arenas),
             uses=torch.zeros(num_layers, self.num_experts, dtype=torch.int32, device=device),
             counts=torch.zeros(4, dtype=torch.long, device=device),
         )
-        self.table = ExpertTable(*(torch.zeros(self.num_experts, len(names), dtype=torch.long, device=device)
-                                   for _ in range(2)))
+        # [E, C]: where the expert kernels read each expert, and where an admitted miss is fetched from
+        self.reads, self.sources = (torch.zeros(self.num_experts, len(names), dtype=torch.long, device=device)
+                                    for _ in range(2))
+        sizes = [t.numel() * t.element_size() for t in store.expert(store.layers[0], 0).values()]
+        self.column_bytes = torch.tensor(sizes, dtype=torch.long, device=device)
+        self.largest_column = max(sizes)
         self._owners = np.full(num_slots, -1)  # the owners at the last settle
         self._queue = torch.zeros(2 + self.queue_length, dtype=torch.long, pin_memory=device.type == "cuda")
         self.settle()
@@ -59,8 +64,10 @@ class MissesInPlace:
     def run(self, layer: int, hidden: torch.Tensor, top_experts: torch.Tensor, top_weights: torch.Tensor,
             op) -> torch.Tensor:
         """The layer's weighted expert sum [T, H], with no host work: see the module's docstring."""
-        resolve_experts(top_experts.flatten(), layer, layer == self.first_layer, self.residency, *self.table)
-        return op.from_table(hidden, self.cache.arenas, self.table, top_experts, top_weights)
+        fetched = resolve_experts(top_experts.flatten(), layer, layer == self.first_layer, self.residency, self.reads,
+                                  self.sources)
+        fetch_experts(fetched, self.sources, self.reads, self.column_bytes, self.largest_column)
+        return op.from_table(hidden, self.cache.arenas, self.reads, top_experts, top_weights)
 
     def slot_loaded(self, slot: int, key: tuple[int, int] | None) -> None:
         """The host put expert `key` in `slot` (None: emptied it) on the copy path of a prefill chunk."""
@@ -81,9 +88,9 @@ class MissesInPlace:
         stats.bytes_fetched += int(counts[MISSES]) * cache.store.expert_bytes
         stats.evictions += int(counts[EVICTED])
         eviction: DecayedUseEviction = cache.eviction
-        for flat in uses.nonzero().flatten().tolist():
-            key = divmod(flat, self.num_experts)
-            for _ in range(int(uses[flat])):
+        used = [divmod(flat, self.num_experts) for flat in uses.nonzero().flatten().tolist()]
+        for key in used:
+            for _ in range(int(uses[key[0] * self.num_experts + key[1]])):
                 eviction.used(key)
         owners = owners.numpy()
         for slot in np.nonzero(owners != self._owners)[0].tolist():
@@ -95,6 +102,9 @@ class MissesInPlace:
             if owners[slot] >= 0:
                 cache.slot_of[divmod(int(owners[slot]), self.num_experts + 1)] = slot
         self._owners = owners
+        for key in used:  # a miss the queue had no slot for: used, but not resident
+            if key not in cache.slot_of:
+                eviction.forget(key)
         free = np.nonzero(owners < 0)[0].tolist()
         cache.free_slots[:] = free[::-1]  # taken from the end
         lowest = eviction.lowest(list(cache.slot_of), self.queue_length - min(len(free), self.queue_length))
