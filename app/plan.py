@@ -236,10 +236,23 @@ CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H20
 class LayerOverheads:
     """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
     issuing the copies. Measured on an H200 host (bench/NOTES.md, 2026-11-29: gpt-oss-20b and -120b; GLM-4.5-Air
-    agrees: 0.28 ms resident, 0.39 ms offloaded)."""
+    agrees: 0.28 ms resident, 0.39 ms offloaded; 2026-12-01: misses served on the device)."""
 
-    graph_s: float = 0.21e-3  # every expert resident: the step is one CUDA graph
-    segmented_s: float = 0.37e-3  # experts offloaded, a graph per layer around the host's expert work
+    graph_s: float = 0.21e-3  # the step is one CUDA graph: every expert resident, or misses served on the device
+    segmented_s: float = 0.37e-3  # some experts on disk: a graph per layer around the host's expert work
+    device_misses_s: float = 0.066e-3  # per MoE layer: resolving and fetching misses on the device
+
+
+# The fetch kernel (app/kernels/expert_fetch.py) moves missed experts at about this share of the copy engine's
+# rate: 49 against 54.6 GB/s between the 50 % runs of bench/results/decode-gpt-oss-20b-2026-12-01.json
+FETCH_SHARE_OF_LINK = 0.9
+
+# The expert cache's hit rate, by the share of a layer's experts it holds, on the real gpt-oss-20b routing under
+# the engine's policy (bench/results/routing-curve-gpt-oss-20b-2026-12-01.json: 3,000 tokens of
+# bench/data/gpt-oss-20b-routing.npz): a gpt_oss folder without its own routing.json is planned with it. Uniform
+# routing stays the stated worst case (`predict_decode(..., worst_case=True)`).
+KNOWN_ROUTING = {"gpt_oss": ("gpt-oss-20b's real routing",
+                             ((0.05, 0.136), (0.1, 0.315), (0.25, 0.691), (0.5, 0.922), (0.75, 0.988)))}
 
 
 @dataclass(frozen=True)
@@ -260,7 +273,8 @@ class Prediction:
     full overlap the high one."""
 
     hit_rate: float
-    measured_routing: bool  # the hit rate comes from the model's measured routing, not the uniform bound
+    measured_routing: bool  # the hit rate comes from measured routing, not the uniform bound
+    routing: str  # whose routing the hit rate comes from
     fetched_bytes_per_token: float  # missed experts copied to the device
     disk_bytes_per_token: float  # of those, read from disk first
     memory_s: float
@@ -313,13 +327,24 @@ def measured_hit_rate(points: tuple[tuple[float, float], ...], share: float) -> 
     return 1.0
 
 
-def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, hardware: Hardware) -> Prediction:
-    """Batch-1 decode speed of the target: a roofline of device memory, compute and expert copies. The hit
-    rate is the model's measured one when its folder has a routing record, else the uniform-routing bound."""
-    uses_per_token = facts.expert_bytes_per_token // facts.expert_bytes
+def routing_curve(facts: ModelFacts) -> tuple[str, tuple[tuple[float, float], ...]]:
+    """Whose measured routing plans this model and its (share cached, hit rate) points; no points: unknown."""
     if facts.measured_hit_rates:
-        hit_rate = measured_hit_rate(facts.measured_hit_rates, placement.expert_slots / facts.total_experts)
+        return "this model's measured routing", facts.measured_hit_rates
+    return KNOWN_ROUTING.get(facts.model_type, ("uniform routing, the worst case", ()))
+
+
+def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, hardware: Hardware,
+                   worst_case: bool = False) -> Prediction:
+    """Batch-1 decode speed of the target: a roofline of device memory, compute and expert copies. The hit
+    rate is from the model's measured routing where it is known (`routing_curve`), else (and with
+    `worst_case`) the uniform-routing bound."""
+    uses_per_token = facts.expert_bytes_per_token // facts.expert_bytes
+    routing, points = routing_curve(facts)
+    if points and not worst_case:
+        hit_rate = measured_hit_rate(points, placement.expert_slots / facts.total_experts)
     else:
+        routing = "uniform routing, the worst case"
         hit_rate = expert_hit_rate(placement.expert_slots, facts.total_experts, uses_per_token)
     fetched = facts.expert_bytes_per_token * (1 - hit_rate)
     from_disk = fetched * placement.disk_experts / facts.total_experts
@@ -327,14 +352,22 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     weights_read = facts.resident_bytes(dtype_bytes) - embedding * dtype_bytes + facts.expert_bytes_per_token
     multiply_adds = facts.resident_weights - embedding + uses_per_token * facts.expert_weights
     overheads = hardware.overheads
-    per_layer = overheads.graph_s if placement.expert_slots >= facts.total_experts else overheads.segmented_s
+    link_bps = hardware.link_bps
+    if placement.expert_slots >= facts.total_experts:
+        overhead_s = facts.num_layers * overheads.graph_s
+    elif placement.disk_experts:  # the host copies misses (engine: experts.py)
+        overhead_s = facts.num_layers * overheads.segmented_s
+    else:  # misses served on the device
+        overhead_s = facts.num_layers * overheads.graph_s + len(facts.moe_layers) * overheads.device_misses_s
+        link_bps *= FETCH_SHARE_OF_LINK
     return Prediction(
         hit_rate=hit_rate,
-        measured_routing=bool(facts.measured_hit_rates),
+        measured_routing=not routing.startswith("uniform"),
+        routing=routing,
         fetched_bytes_per_token=fetched,
         disk_bytes_per_token=from_disk,
         memory_s=weights_read / hardware.memory_bps,
         compute_s=2 * multiply_adds / hardware.flops,
-        copy_s=fetched / hardware.link_bps + from_disk / hardware.disk_bps,
-        overhead_s=facts.num_layers * per_layer,
+        copy_s=fetched / link_bps + from_disk / hardware.disk_bps,
+        overhead_s=overhead_s,
     )

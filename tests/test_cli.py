@@ -126,13 +126,21 @@ def test_plan_prints_the_placement(tiny_gpt_oss, capsys):
     assert plan["device_bytes"] <= 99.1 * 1024 * 1024
 
 
-def test_plan_says_where_its_hit_rate_comes_from(tiny_gpt_oss, capsys):
+@pytest.fixture
+def tiny_glm_folder(tmp_path):
+    from tests.fixtures.tiny_glm import write_tiny_glm
+
+    return write_tiny_glm(tmp_path / "glm", "glm4_moe", mtp=False)
+
+
+def test_plan_says_where_its_hit_rate_comes_from(tiny_gpt_oss, tiny_glm_folder, capsys):
     from app.paths import DEMO_MODEL
 
     sources = {}
-    for folder in (tiny_gpt_oss, DEMO_MODEL):
+    for folder in (tiny_gpt_oss, DEMO_MODEL, tiny_glm_folder):
         code, out, err = run_cli(capsys, "plan", folder, "--gpu-budget", "1G", "--ram-budget", "1G")
         assert code == 0, err
         sources[folder] = next(line for line in out.splitlines() if line.startswith("expert-cache hit rate"))
-    assert "(uniform routing)" in sources[tiny_gpt_oss]
-    assert "(measured routing)" in sources[DEMO_MODEL]  # the demo ships its routing.json
+    assert "(gpt-oss-20b's real routing)" in sources[tiny_gpt_oss]  # the curve measured for gpt_oss models
+    assert "(this model's measured routing)" in sources[DEMO_MODEL]  # the demo ships its routing.json
+    assert "(uniform routing, the worst case)" in sources[tiny_glm_folder]
