@@ -1,11 +1,19 @@
 """Batch-1 decode of a synthetic gpt-oss checkpoint (real shapes and formats, random weights) at GPU
 budgets that hold 100 %, 50 % and 25 % of the routed experts, against the floors measured in the
-same run (pinned PCIe copy, HBM copy) and, optionally, the transformers + accelerate offload peer.
+same run (pinned PCIe copy, HBM copy), llama.cpp run in the same session (`--llama-json`, llama-bench's
+JSON output on the same checkpoint) and, optionally, the transformers + accelerate offload peer.
 
-    python bench/decode_gpt_oss.py OUT.json [--model 20b|120b] [--prompt 512] [--new 256] [--repeats 3] [--peer]
+    python bench/decode_gpt_oss.py OUT.json [--model 20b|120b] [--prompt 512] [--new 256] [--repeats 3]
+        [--routing model,trace,uniform] [--misses in-place,copy] [--llama-json FILE] [--peer]
 
-Random weights route almost uniformly: the worst case for an expert cache. For 120b the experts are
-zeros in a sparse file (61 GB of random bytes do not fit the GPU machine's disk); routing stays random.
+Routing decides what an expert cache does (performance.md's protocol): `model` is the synthetic model's own
+(random weights), `trace` replays the real gpt-oss-20b's routing (bench/data/), `uniform` draws every token's
+experts uniformly at random (the worst case); under both overrides the router's scores weight the chosen
+experts and look-ahead predictions still come from the router (app/engine/routing_override.py). `--misses`:
+the device serves misses with no host work (`device`, the engine's default: app/engine/device_misses.py), or
+the host copies them first (`host`: it waits at each layer). For 120b the experts are zeros in a sparse file
+(61 GB of random bytes do not fit the GPU machine's disk); its routing is the model's own or uniform (the trace
+is 20b's).
 """
 
 import argparse
@@ -21,6 +29,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,10 +37,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.engine.generate import generate
 from app.engine.loader import load_model
 from app.engine.protocol import Done
+from app.engine.routing_override import ReplayedRouting, UniformRouting
+from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, dtype_bytes, plan_placement
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
+
+TRACE = Path(__file__).parent / "data" / "gpt-oss-20b-routing.npz"
+ROUTINGS = {
+    "model": "the synthetic model's own (random weights)",
+    "trace": "the real gpt-oss-20b's routing replayed (bench/data/gpt-oss-20b-routing.npz), router-weighted",
+    "uniform": "every token's experts drawn uniformly at random on the device, router-weighted",
+}
 
 REAL_SIZES = {
     "20b": {"num_hidden_layers": 24, "num_local_experts": 32},
@@ -109,10 +127,24 @@ def compute_dtype(device: str) -> str:
     return "bfloat16" if device == "cuda" else "float32"  # a CPU runs the pipeline check as the CPU tests do
 
 
-def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
-               prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda",
-               repeats: int = 3) -> dict:
-    """Load under the budget, decode `repeats` times (the first warms up); on a CPU (a pipeline check) in float32
+def routing_override(name: str, facts: ModelFacts, device: torch.device):
+    """The override a run's routing names (None: the model's own)."""
+    if name == "model":
+        return None
+    if name == "uniform":
+        torch.manual_seed(0)
+        return UniformRouting(facts.num_experts, facts.top_k, device)
+    trace = np.load(TRACE)["experts"]
+    if trace.shape[1:] != (len(facts.moe_layers), facts.top_k) or trace.max() >= facts.num_experts:
+        raise SystemExit(f"the trace is gpt-oss-20b's routing {trace.shape[1:]}: it does not fit this model")
+    return ReplayedRouting(trace, facts.moe_layers, device)
+
+
+def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
+                prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda",
+                repeats: int = 3, routings: tuple[str, ...] = ("model",), misses: str = "device") -> list[dict]:
+    """Load under the budget once; per routing, decode `repeats` times (the first warms up) over one runner, as
+    a session does (the next routing's runner captures its own passes); on a CPU (a pipeline check) in float32
     and with no device memory figures."""
     cuda = device == "cuda"
     dtype = compute_dtype(device)
@@ -122,34 +154,47 @@ def decode_run(folder: Path, budget_fraction: float, prompt: int, new: int, fact
         base = torch.cuda.memory_allocated()
     started = time.perf_counter()
     loaded = load_model(ModelFolder.open(folder), device=device, dtype=dtype, context=prompt + new,
-                        gpu_budget=budget, ram_budget=ram_budget, prefetch_layers=prefetch_layers)
+                        gpu_budget=budget, ram_budget=ram_budget, prefetch_layers=prefetch_layers,
+                        misses_on_device=misses == "device")
     load_s = time.perf_counter() - started
     model, placement = loaded.model, loaded.placement
+    on_device = getattr(model.experts, "device_misses", None) is not None
     ids = torch.randint(0, facts.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    runs = [_timed_generation(model, ids, new) for _ in range(repeats)]
-    peak = torch.cuda.max_memory_allocated() - base if cuda else None
-    run = sorted(runs[1:], key=lambda r: r["decode_tok_s"])[0]  # the slowest warm run
+    results = []
+    for routing in routings:
+        model.routing_override = routing_override(routing, facts, model.device)
+        runner = StepRunner(model, prompt + new)
+        runs = [_timed_generation(runner, ids, new) for _ in range(repeats)]
+        peak = torch.cuda.max_memory_allocated() - base if cuda else None  # since the load: every routing so far
+        del runner
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        run = sorted(runs[1:], key=lambda r: r["decode_tok_s"])[0]  # the slowest warm run
+        results.append({
+            "budget_fraction_of_routed_experts": budget_fraction,
+            "routing": routing,
+            "misses": "none: all resident" if model.experts.complete else "device" if on_device else "host",
+            "gpu_budget_bytes": budget,
+            "expert_slots": placement.expert_slots,
+            "host_experts": placement.host_experts,
+            "load_s": load_s,
+            "decode_tok_s_runs": [r["decode_tok_s"] for r in runs],
+            **run,
+            "max_memory_allocated_bytes": peak,
+            "within_budget": peak <= budget if cuda else None,
+        })
     del model, loaded
     gc.collect()  # the pinned experts go now, not at some later collection: the next budget pins its own
     if cuda:
         torch.cuda.empty_cache()
-    return {
-        "budget_fraction_of_routed_experts": budget_fraction,
-        "gpu_budget_bytes": budget,
-        "expert_slots": placement.expert_slots,
-        "host_experts": placement.host_experts,
-        "load_s": load_s,
-        "decode_tok_s_runs": [r["decode_tok_s"] for r in runs],
-        **run,
-        "max_memory_allocated_bytes": peak,
-        "within_budget": peak <= budget if cuda else None,
-    }
+    return results
 
 
-def _timed_generation(model, ids: list[int], new: int) -> dict:
+def _timed_generation(runner: StepRunner, ids: list[int], new: int) -> dict:
     """Decode speed and cache statistics counted from the end of the prefill."""
-    cache = model.new_kv_cache(len(ids) + new)
-    events = generate(model, cache, ids, Sampler(SamplingParams(), model.device), new, [])
+    model = runner.model
+    events = generate(runner, ids, Sampler(SamplingParams(), model.device), new, [])
     next(events)  # the prefill is done and the first token is out
     before = model.experts.snapshot()
     done = next(event for event in events if isinstance(event, Done))
@@ -214,6 +259,14 @@ def peer(folder: Path, budget: int, prompt: int, new: int, limit_s: float) -> di
     return {"load_s": load_s, "decode_tokens": tokens, "decode_tok_s": tokens / (time.perf_counter() - started)}
 
 
+def write_synthetic(folder: Path, model: str) -> None:
+    """The synthetic checkpoint of gpt-oss-`model` (also what llama.cpp converts in the same session)."""
+    # 120b's 61 GB of experts do not fit the GPU machine's 64 GB disk as random bytes: zeros in a sparse
+    # file instead (copy and kernel times do not depend on the values)
+    write_tiny_gpt_oss(folder, scale_exponents=(116, 119), hollow_experts=model == "120b", **REAL_SIZES[model],
+                       **SHAPES)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
@@ -223,24 +276,23 @@ def main() -> None:
     parser.add_argument("--fractions", default="1.0,0.5,0.25")
     parser.add_argument("--prefetch", default="0", help="look-ahead depths to compare, e.g. 0,2")
     parser.add_argument("--repeats", type=int, default=3, help="decodes per budget; the first warms up")
+    add_protocol_options(parser, default_routing="model,trace,uniform")
     parser.add_argument("--peer", action="store_true")
     parser.add_argument("--folder", help="reuse a synthetic checkpoint written earlier")
     args = parser.parse_args()
 
-    report = {"command": " ".join(sys.argv), "machine": machine(), "model": f"synthetic gpt-oss-{args.model}",
-              "routing": "random weights: near-uniform routing, the worst case for a cache"}
+    report = {"command": " ".join(sys.argv), "machine": machine(), "model": f"synthetic gpt-oss-{args.model}"}
+    if args.llama_json:
+        report["peer_llama_cpp"] = llama_cpp_figures(Path(args.llama_json))
     report["bandwidth"] = copy_bandwidths()
     torch.cuda.empty_cache()
     folder = Path(args.folder or tempfile.mkdtemp(prefix="gpt-oss-", dir="/tmp"))
     if not (folder / "config.json").exists():
         started = time.perf_counter()
-        # 120b's 61 GB of experts do not fit the GPU machine's 64 GB disk as random bytes: zeros in a sparse
-        # file instead (copy and kernel times do not depend on the values)
-        write_tiny_gpt_oss(folder, scale_exponents=(116, 119), hollow_experts=args.model == "120b",
-                           **REAL_SIZES[args.model], **SHAPES)
+        write_synthetic(folder, args.model)
         report["checkpoint_write_s"] = time.perf_counter() - started
     facts = ModelFacts.from_folder(ModelFolder.open(folder))
-    report["expert_bytes"] = facts.expert_bytes
+    report["expert_bytes"], report["moe_layers"] = facts.expert_bytes, len(facts.moe_layers)
     budget_runs(report, folder, facts, args)
     if args.peer:
         budget = report["runs"][-1]["gpu_budget_bytes"]
@@ -255,28 +307,68 @@ def main() -> None:
 
 def budget_runs(report: dict, folder: Path, facts: ModelFacts, args, device: str = "cuda",
                 ram_budget: Callable[[float], int | None] = lambda fraction: None) -> None:
-    """One decode run (`args.repeats` decodes) per budget in `args.fractions` and look-ahead depth in
-    `args.prefetch`, each with its floors, appended to report["runs"]; the report is written to `args.out` after
-    every run."""
+    """Decode runs (`args.repeats` decodes each) per budget in `args.fractions`, way of serving misses in
+    `args.misses`, look-ahead depth in `args.prefetch` and routing in `args.routing`, each with its floors,
+    appended to report["runs"]; the report is written to `args.out` after every budget."""
     report["runs"] = []
-    settings = [(float(f), int(d)) for f in args.fractions.split(",") for d in args.prefetch.split(",")
-                if float(f) < 1 or d == args.prefetch.split(",")[0]]  # nothing to prefetch when all fit
-    for fraction, depth in settings:
-        run = {"prefetch_layers": depth, **decode_run(folder, fraction, args.prompt, args.new, facts, depth,
-                                                      ram_budget(fraction), device, args.repeats)}
-        run.update(floors(facts, report["bandwidth"], run, dtype_bytes(compute_dtype(device))))
-        report["runs"].append(run)
-        print(json.dumps({k: v for k, v in run.items() if not isinstance(v, dict)}), flush=True)
+    report["routings"] = {name: ROUTINGS[name] for name in args.routing.split(",")}
+    depths, ways = args.prefetch.split(","), args.misses.split(",")
+    settings = [(float(f), int(d), m) for f in args.fractions.split(",") for m in ways
+                for d in depths if float(f) < 1 or (d == depths[0] and m == ways[0])]  # all fit: no misses
+    for fraction, depth, misses in settings:
+        for run in decode_runs(folder, fraction, args.prompt, args.new, facts, depth, ram_budget(fraction), device,
+                               args.repeats, tuple(args.routing.split(",")), misses):
+            run = {"prefetch_layers": depth, **run}
+            run.update(floors(facts, report["bandwidth"], run, dtype_bytes(compute_dtype(device))))
+            report["runs"].append(run)
+            print(json.dumps({k: v for k, v in run.items() if not isinstance(v, dict)}), flush=True)
+        add_peer_ratios(report)
         Path(args.out).write_text(json.dumps(report, indent=2))
 
 
-def print_table(report: dict) -> None:
-    print(f"{'budget':>7} {'ahead':>5} {'tok/s':>8} {'hit':>6} {'MB/tok':>8} {'floor opt':>10} {'floor pes':>10}")
+def add_peer_ratios(report: dict) -> None:
+    """Each run's tok/s over llama.cpp's decode at the same share of the experts on the GPU, where the report
+    holds llama.cpp's figures (`peer_llama_cpp`: its `-ncmoe N` keeps N of the L layers' experts on the CPU)."""
+    peer = report.get("peer_llama_cpp", {}).get("decode_tok_s_by_ncmoe")
+    if not peer:
+        return
+    layers = report["moe_layers"]
     for run in report["runs"]:
-        print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['prefetch_layers']:>5} "
-              f"{run['decode_tok_s']:>8.1f} "
+        # our smallest share, 10 %, is compared with llama.cpp's every expert on the CPU (performance.md)
+        share = run["budget_fraction_of_routed_experts"]
+        ncmoe = layers if share <= 0.1 else round((1 - share) * layers)
+        if str(ncmoe) in peer:
+            run["llama_cpp_ncmoe"] = ncmoe
+            run["ratio_to_llama_cpp"] = run["decode_tok_s"] / peer[str(ncmoe)]
+
+
+def llama_cpp_figures(path: Path) -> dict:
+    """llama-bench's JSON output (`-o json`) as tok/s by `-ncmoe`, decode (`-n`) and prefill (`-p`) apart; or a
+    bench/results/llama-cpp-*.json file that holds them."""
+    rows = json.loads(path.read_text())
+    if isinstance(rows, dict):
+        return {**rows, "file": str(path)}
+    decode = {str(r["n_cpu_moe"]): r["avg_ts"] for r in rows if r["n_gen"] > 0 and r["n_prompt"] == 0}
+    prefill = {str(r["n_cpu_moe"]): r["avg_ts"] for r in rows if r["n_prompt"] > 0 and r["n_gen"] == 0}
+    return {"decode_tok_s_by_ncmoe": decode, "prefill_tok_s_by_ncmoe": prefill, "raw": rows}
+
+
+def add_protocol_options(parser: argparse.ArgumentParser, default_routing: str) -> None:
+    """The options every offloaded-decode benchmark shares (performance.md's protocol)."""
+    parser.add_argument("--routing", default=default_routing, help=f"comma-separated: {', '.join(ROUTINGS)}")
+    parser.add_argument("--misses", default="device", help="comma-separated: device, host")
+    parser.add_argument("--llama-json", help="llama-bench -o json output on the same checkpoint, this session")
+
+
+def print_table(report: dict) -> None:
+    print(f"{'budget':>7} {'routing':>8} {'misses':>13} {'ahead':>5} {'tok/s':>8} {'hit':>6} {'MB/tok':>8} "
+          f"{'floor opt':>10} {'floor pes':>10} {'/llama':>7}")
+    for run in report["runs"]:
+        print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['routing']:>8} {run['misses'][:13]:>13} "
+              f"{run['prefetch_layers']:>5} {run['decode_tok_s']:>8.1f} "
               f"{run['decode_hit_rate'] or 0:>6.2f} {run['decode_bytes_fetched_per_token'] / 1e6:>8.1f} "
-              f"{run['ratio_to_floor_optimistic']:>10.2f} {run['ratio_to_floor_pessimistic']:>10.2f}")
+              f"{run['ratio_to_floor_optimistic']:>10.2f} {run['ratio_to_floor_pessimistic']:>10.2f} "
+              f"{run.get('ratio_to_llama_cpp', float('nan')):>7.2f}")
 
 
 if __name__ == "__main__":
