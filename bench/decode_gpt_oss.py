@@ -86,28 +86,30 @@ def copy_bandwidths(on: str = "cuda") -> dict:
     big = torch.empty(4 << 30 if cuda else 64 << 20, dtype=torch.uint8, device=on)
     big_out = torch.empty_like(big)
 
-    def timed(fn, repeats=5) -> float:
-        fn()
-        if not cuda:
-            return statistics.median(_seconds(fn) for _ in range(repeats))
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return sorted(times)[len(times) // 2]
-
     def chunked_copy():
         for i in range(64):
             device[i * chunk : (i + 1) * chunk].copy_(host[i * chunk : (i + 1) * chunk], non_blocking=True)
 
-    pcie = host.numel() / timed(chunked_copy)
-    hbm = 2 * big.numel() / timed(lambda: big_out.copy_(big))  # read + write
+    pcie = host.numel() / median_seconds(chunked_copy, cuda)
+    hbm = 2 * big.numel() / median_seconds(lambda: big_out.copy_(big), cuda)  # read + write
     return {"pcie_pinned_13MB_chunks_Bps": pcie, "hbm_copy_read_plus_write_Bps": hbm}
+
+
+def median_seconds(fn, cuda: bool = True, repeats: int = 5) -> float:
+    """The median time of `fn` after a warm-up: device events on a GPU, the host's clock otherwise."""
+    fn()
+    if not cuda:
+        return statistics.median(_seconds(fn) for _ in range(repeats))
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def _seconds(fn) -> float:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.engine.host_memory import REGISTER_FLAGS
 from app.kernels.expert_table import device_addresses, slot_table
 from app.kernels.gpt_oss_experts_triton import run_from_table
-from bench.decode_gpt_oss import machine
+from bench.decode_gpt_oss import machine, median_seconds
 
 SIZE = 1 << 30
 MADV_HUGEPAGE = 14
@@ -60,20 +60,6 @@ def huge_page_buffer() -> torch.Tensor:
     return buffer
 
 
-def timed(fn, repeats: int = 5) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def read_bandwidths(buffer: torch.Tensor) -> dict:
     words = buffer.numel() // 4
     source = buffer.view(torch.int32)
@@ -82,7 +68,7 @@ def read_bandwidths(buffer: torch.Tensor) -> dict:
         programs = triton.cdiv(words, block * steps * 4)
         out = torch.empty(programs, dtype=torch.int32, device="cuda")
         launch = _sum_kernel[(programs,)]
-        seconds = timed(lambda launch=launch, out=out, block=block, steps=steps: launch(source, out, words,
+        seconds = median_seconds(lambda launch=launch, out=out, block=block, steps=steps: launch(source, out, words,
                                                                                         BLOCK=block, STEPS=steps))
         results[f"block{block}x{steps}"] = buffer.numel() / seconds
     device = torch.empty(SIZE, dtype=torch.uint8, device="cuda")
@@ -92,7 +78,7 @@ def read_bandwidths(buffer: torch.Tensor) -> dict:
         for first in range(0, SIZE - chunk, chunk):
             device[first : first + chunk].copy_(buffer[first : first + chunk], non_blocking=True)
 
-    results["copy_engine_13MB_chunks"] = (SIZE - SIZE % chunk) / timed(copies)
+    results["copy_engine_13MB_chunks"] = (SIZE - SIZE % chunk) / median_seconds(copies)
     return results
 
 
@@ -115,8 +101,8 @@ def expert_read(pinned: torch.Tensor) -> dict:
     host_row = torch.tensor([device_addresses([t], torch.device("cuda"))[0] for t in host.values()]).cuda()
     x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
     rows, weights = torch.zeros(1, 1, dtype=torch.long, device="cuda"), torch.ones(1, 1, device="cuda")
-    in_slot = timed(lambda: run_from_table(x, arenas, slot_table(arenas), rows, weights, 7.0, 1.702), 20)
-    in_host = timed(lambda: run_from_table(x, arenas, host_row[None], rows, weights, 7.0, 1.702), 20)
+    in_slot = median_seconds(lambda: run_from_table(x, arenas, slot_table(arenas), rows, weights, 7.0, 1.702), True, 20)
+    in_host = median_seconds(lambda: run_from_table(x, arenas, host_row[None], rows, weights, 7.0, 1.702), True, 20)
     expert_bytes = sum(t.numel() * t.element_size() for t in host.values())
     return {"expert_bytes": expert_bytes, "slot_s": in_slot, "host_s": in_host, "host_Bps": expert_bytes / in_host}
 
