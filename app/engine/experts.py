@@ -167,7 +167,7 @@ class ExpertCache:
         return self.complete or self.device_misses is not None
 
     def settle(self) -> None:
-        """Between passes: the host takes in what passes that read misses in place did (no-op otherwise)."""
+        """Between passes: the host takes in what passes that served misses on the device did (no-op otherwise)."""
         if self.device_misses is None:
             return
         if self._copy_stream is not None:  # a prefill chunk's copies wait for the passes before
