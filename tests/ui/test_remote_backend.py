@@ -4,12 +4,12 @@ import openai
 import pytest
 from PySide6.QtCore import Qt
 
+from app.answer_figures import stats_line
 from app.chats import ChatStore
 from app.engine.protocol import Done, Tokens
 from app.ui.conversation import Answer
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
-from app.ui.message_html import stats_line
 
 CPU_ONLY = Machine(ram_bytes=16 * GIB)
 
@@ -73,7 +73,7 @@ def test_stopping_a_remote_answer_ends_its_generation_on_the_server(window, qtbo
 
 
 def test_a_wrong_key_is_said_in_the_banner(window, qtbot, served_tiny_gpt_oss):
-    with qtbot.waitSignal(window.client.error, timeout=30_000):
+    with qtbot.waitSignal(window.client.remote_failed, timeout=30_000):
         connect(window, qtbot, served_tiny_gpt_oss, "not-the-key")
     assert window.banner.isVisible() and "401: invalid API key" in window.banner.reason.text()
     assert not window.chat.send_button.isEnabled()
