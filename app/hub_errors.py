@@ -72,12 +72,8 @@ def lookup_failure(error: BaseException, repo_id: str, revision: str, endpoint: 
     if isinstance(error, RevisionNotFoundError):
         return f"'{repo_id}' has no revision '{revision}'."
     problem = connection_problem(error)
-    if problem == "no network":
-        return f"No network: {host} cannot be found. Check the connection, then Retry."
-    if problem == "dropped":
-        return f"The connection to {host} dropped while looking up '{repo_id}': Retry."
-    if problem == "unreachable":
-        return f"Cannot connect to {host}: the network or the hub is down. Check the connection, then Retry."
+    if problem is not None:
+        return _connection_sentence(problem, host, f"looking up '{repo_id}'", "Retry")
     if isinstance(error, HfHubHTTPError) and error.response is not None:
         return f"The hub answered {error.response.status_code} when asked for '{repo_id}': Retry later."
     return f"Looking up '{repo_id}' failed: {first_line(error)}"
@@ -87,15 +83,19 @@ def download_failure(error: BaseException | None, path: str, endpoint: str | Non
     """Why fetching the file `path` stopped, in one sentence; None: the server ended the file early."""
     host = host_of(endpoint)
     problem = "dropped" if error is None else connection_problem(error)
-    if problem == "no network":
-        return f"No network: {host} cannot be found. Check the connection, then Retry: {RESUMES}."
-    if problem == "dropped":
-        return f"The connection to {host} dropped while downloading {path}: Retry, {RESUMES}."
-    if problem == "unreachable":
-        return f"Cannot connect to {host}: the network or the hub is down. Check the connection, then Retry: {RESUMES}."
+    if problem is not None:
+        return _connection_sentence(problem, host, f"downloading {path}", f"Retry: {RESUMES}")
     if isinstance(error, urllib.error.HTTPError):
         return f"The hub answered {error.code} for {path}: Retry later, {RESUMES}."
     return f"Downloading {path} failed: {first_line(error)}. Retry: {RESUMES}."
+
+
+def _connection_sentence(problem: str, host: str, doing: str, retry: str) -> str:
+    if problem == "no network":
+        return f"No network: {host} cannot be found. Check the connection, then {retry}."
+    if problem == "dropped":
+        return f"The connection to {host} dropped while {doing}: {retry}."
+    return f"Cannot connect to {host}: the network or the hub is down. Check the connection, then {retry}."
 
 
 def first_line(error: BaseException) -> str:

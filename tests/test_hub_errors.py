@@ -10,16 +10,13 @@ import pytest
 
 from app.errors import UserError
 from app.hub import Download
-from tests.fixtures.hub_server import FakeHub
-from tests.test_hub import FILES, LFS, REPO, assert_complete
+from tests.test_hub import REPO, assert_complete, hub  # noqa: F401 (the fake hub fixture, found by its name)
 
 
 @pytest.fixture
-def hub(monkeypatch):
-    with FakeHub(REPO, FILES, LFS) as server:
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        yield server
+def fake_hub(request):
+    """test_hub's fake hub, serving its files and named HF_ENDPOINT."""
+    return request.getfixturevalue("hub")
 
 
 @pytest.fixture
@@ -55,13 +52,13 @@ def test_no_network_names_the_host_it_could_not_find(monkeypatch, tmp_path):
                            "then Retry.\n")
 
 
-def test_an_unknown_repository(hub, tmp_path):
+def test_an_unknown_repository(fake_hub, tmp_path):
     with pytest.raises(UserError, match=r"^The hub has no model 'other/thing': check its name"):
         Download("other/thing", tmp_path / "m")
 
 
-def test_a_gated_repository_without_a_token_and_with_one_that_has_no_access(hub, tmp_path, monkeypatch):
-    hub.gated = True
+def test_a_gated_repository_without_a_token_and_with_one_that_has_no_access(fake_hub, tmp_path, monkeypatch):
+    fake_hub.gated = True
     with pytest.raises(UserError) as raised:
         Download(REPO, tmp_path / "m")
     assert str(raised.value).startswith(f"'{REPO}' is gated: accept its terms on its page at 127.0.0.1")
@@ -72,25 +69,25 @@ def test_a_gated_repository_without_a_token_and_with_one_that_has_no_access(hub,
     assert f"'{REPO}' is gated and the token in HF_TOKEN has no access to it yet" in done.stderr
 
 
-def test_a_connection_dropped_during_the_look_up(hub, tmp_path):
-    hub.drop_after = 0
+def test_a_connection_dropped_during_the_look_up(fake_hub, tmp_path):
+    fake_hub.drop_after = 0
     with pytest.raises(UserError) as raised:
         Download(REPO, tmp_path / "m")
-    assert str(raised.value) == f"The connection to {hub.url.removeprefix('http://')} dropped while looking up " \
+    assert str(raised.value) == f"The connection to {fake_hub.url.removeprefix('http://')} dropped while looking up " \
                                 f"'{REPO}': Retry."
 
 
-def test_a_connection_dropped_mid_file_is_said_and_the_download_resumes(hub, tmp_path):
+def test_a_connection_dropped_mid_file_is_said_and_the_download_resumes(fake_hub, tmp_path):
     download = Download(REPO, tmp_path / "m")
-    hub.drop_after = 100_000
+    fake_hub.drop_after = 100_000
     with pytest.raises(UserError) as raised:
         download.run()
     assert "dropped while downloading model-00001-of-00002.safetensors: Retry" in str(raised.value)
     assert "resumes where it stopped" in str(raised.value)
     kept = download.total_bytes - download.missing_bytes()
     assert kept >= 90_000  # the partial file stays for the retry
-    hub.drop_after = None
-    served = hub.bytes_served
+    fake_hub.drop_after = None
+    served = fake_hub.bytes_served
     assert Download(REPO, tmp_path / "m").run()
     assert_complete(tmp_path / "m")
-    assert hub.bytes_served - served <= download.total_bytes - kept  # only what was missing
+    assert fake_hub.bytes_served - served <= download.total_bytes - kept  # only what was missing

@@ -219,6 +219,8 @@ class DownloadPanel(QWidget):
         self.job.finished.connect(self._on_finished)
         self.job.failed.connect(self._on_failed)
         self.problem_row.hide()
+        self.bar.setValue(0)
+        self.status.clear()
         self.summary.setText(f"Looking up {repo_id}…")
         self.files.setRowCount(0)
         self._show_buttons(running=False, ready=False)

@@ -285,11 +285,11 @@ class MainWindow(QMainWindow):
             self.tabs.setCurrentIndex(0)
             return
         self.settings.remember_load(asdict(self.client.last_load))
-        device = self.client.last_load.device.upper()
+        where = "on the GPU" if self.client.last_load.device == "cuda" else "in memory (CPU)"
         self.engine_status.setText(
             f"{Path(info['path']).name} ({info['model_type']}) · {info['expert_slots']} of "
-            f"{info['total_experts']} experts on the {device} · {format_size(info['device_bytes'])} on the "
-            f"{device} · context {info['context']} tokens"
+            f"{info['total_experts']} experts {where} · {format_size(info['device_bytes'])} {where} · "
+            f"context {info['context']} tokens"
         )
         self.tabs.setCurrentIndex(0)
 

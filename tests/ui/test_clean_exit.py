@@ -6,6 +6,7 @@ The abort ("Fatal Python error: bool_dealloc … refcount error in a C extension
 engine's events are emitted every frame) True was freed, at the latest when the interpreter tore down.
 pyproject.toml excludes that release; the first test fails on any PySide6 that does it again."""
 
+import gc
 import json
 import os
 import signal
@@ -16,6 +17,9 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
+from app.engine.protocol import LoadModel, Shutdown
+from app.ui.engine_client import EngineClient
+from tests.ui.test_engine_client import StandInEngine
 from tests.ui.test_window_with_engine import ENGINE_S
 
 
@@ -70,3 +74,15 @@ def test_sigterm_closes_the_app_and_its_engine_ends_with_it(tmp_path):
     assert app.returncode == 0, stderr
     assert "Fatal Python error" not in stderr and "Traceback" not in stderr, stderr
     assert not [pid for pid in engines if is_running(pid)]
+
+
+def test_an_engine_client_dropped_without_shutdown_still_ends_its_engine(qtbot):
+    spawn = StandInEngine()
+    client = EngineClient(spawn)
+    client.load(LoadModel("/models/tiny"))
+    engine = spawn.spawned[0]
+    del client
+    gc.collect()
+    assert engine.process.exitcode == 0  # it was told to shut down (and joined)
+    requests = [engine.requests.get_nowait() for _ in range(engine.requests.qsize())]
+    assert requests[-1] == Shutdown()
