@@ -36,6 +36,7 @@ class ChatPanel(QWidget):
         self.chat_id: int | None = None
         self.answer: Answer | None = None
         self.editing_id: int | None = None
+        self.branch: list[Message] = []  # the messages on screen, as stored when last rendered
         self.view = ChatView()
         self.view.edit_requested.connect(self.start_edit)
         self.view.regenerate_requested.connect(self.regenerate)
@@ -90,7 +91,7 @@ class ChatPanel(QWidget):
         self.render()
 
     def render(self) -> None:
-        messages = self.store.branch(self.chat_id) if self.chat_id else []
+        messages = self.branch = self.store.branch(self.chat_id) if self.chat_id else []
         self.view.colour_drafted = self.settings.settings()["colour_drafted"]
         self.view.show_messages(messages, {m.id: [s.id for s in self.store.siblings(m.id)] for m in messages},
                                 can_continue=self.answer is None)
@@ -99,8 +100,7 @@ class ChatPanel(QWidget):
         self.show_context()
 
     def show_context(self) -> None:
-        branch = self.store.branch(self.chat_id) if self.chat_id else []
-        used, estimated = context_used(branch, self.composer.toPlainText())
+        used, estimated = context_used(self.branch, self.composer.toPlainText())
         info = self.client.info or {}
         self.meter.show_usage(used, estimated, info.get("context"))
         self.meter.setVisible(self.client.info is not None)
@@ -133,9 +133,13 @@ class ChatPanel(QWidget):
             self._ask(self.store.message(message_id).parent_id)
 
     def regenerate_last(self) -> None:
-        branch = self.store.branch(self.chat_id) if self.chat_id else []
-        if branch and branch[-1].role == "assistant":
-            self.regenerate(branch[-1].id)
+        if self.branch and self.branch[-1].role == "assistant":
+            self.regenerate(self.branch[-1].id)
+
+    def continue_last(self) -> None:
+        last = self.branch[-1] if self.branch else None
+        if last is not None and last.role == "assistant" and last.stats.get("stop_reason") == "length":
+            self.continue_answer(last.id)
 
     def continue_answer(self, message_id: int) -> None:
         """Go on with an answer that stopped at its token limit: the conversation up to it, the answer

@@ -4,7 +4,7 @@ Models tab (library, downloads, budgets); the engine's state in the status bar; 
 At start the last model loaded is selected with its plan (else, with nothing else installed, the demo) and,
 when the window is asked to (`load_at_start`, the app does) and the setting allows, loaded."""
 
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
@@ -67,11 +67,14 @@ class EngineBanner(QWidget):
 
 
 def remembered_request(saved: dict | None) -> LoadModel | None:
-    """The load request kept in the settings (JSON keeps a budget per GPU as a list)."""
-    if not saved:
+    """The load request kept in the settings (JSON keeps a budget per GPU as a list), None when there is
+    none; fields that LoadModel does not have (another version wrote them) are left out."""
+    known = {field.name for field in fields(LoadModel)}
+    if not saved or "path" not in saved:
         return None
     budget = saved.get("gpu_budget")
-    return LoadModel(**{**saved, "gpu_budget": tuple(budget) if isinstance(budget, list) else budget})
+    kept = {name: value for name, value in saved.items() if name in known}
+    return LoadModel(**{**kept, "gpu_budget": tuple(budget) if isinstance(budget, list) else budget})
 
 
 class MainWindow(QMainWindow):
@@ -117,7 +120,8 @@ class MainWindow(QMainWindow):
         self.chat.open_chat(recent[0].id if recent else None)
         self.chats.refresh(self.chat.chat_id)
         self.resize(1280, 800)
-        QTimer.singleShot(0, lambda: self._start(load_at_start and self.settings.load_at_start))
+        self._load_at_start = load_at_start
+        QTimer.singleShot(0, self._start)  # once the window is up: detecting the machine takes a moment
 
     def machine(self) -> Machine:
         """This machine, detected on first use (nvidia-smi takes a moment)."""
@@ -125,9 +129,9 @@ class MainWindow(QMainWindow):
             self._machine = detect_machine()
         return self._machine
 
-    def _start(self, load: bool) -> None:
+    def _start(self) -> None:
         """Select the last model loaded with its plan, else the demo when nothing else is installed (unless
-        a model was chosen meanwhile); with `load`, load it."""
+        a model was chosen meanwhile); load it if the window was asked to and the setting allows."""
         if self._closed or self.library.selected_path() is not None:
             return
         remembered = remembered_request(self.settings.last_load)
@@ -135,7 +139,7 @@ class MainWindow(QMainWindow):
             self.budget.show_plan(remembered)
         elif self.settings.library or not self.library.select(str(DEMO_MODEL)):
             return
-        if load and self.budget.placement is not None:
+        if self._load_at_start and self.settings.load_at_start:
             self.load_selected()
 
     def _chat_tab(self) -> QWidget:
@@ -204,11 +208,6 @@ class MainWindow(QMainWindow):
     def load_selected(self) -> None:
         if self.budget.placement is not None and self.budget.load_button.isEnabled():
             self.budget.request_load()
-
-    def continue_last_answer(self) -> None:
-        branch = self.store.branch(self.chat.chat_id) if self.chat.chat_id else []
-        if branch and branch[-1].role == "assistant" and branch[-1].stats.get("stop_reason") == "length":
-            self.chat.continue_answer(branch[-1].id)
 
     def export(self, suffix: str) -> None:
         if self.chat.chat_id is not None:

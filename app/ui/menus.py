@@ -55,7 +55,7 @@ class MenuBar:
         w = self.window
         self.actions["stop"] = add_action(menu, "Stop the answer / leave the edit", w.escape, "Esc")
         self.actions["regenerate"] = add_action(menu, "Regenerate the last answer", w.chat.regenerate_last, "Ctrl+R")
-        self.actions["continue"] = add_action(menu, "Continue the last answer", w.continue_last_answer)
+        self.actions["continue"] = add_action(menu, "Continue the last answer", w.chat.continue_last)
         self.actions["search"] = add_action(menu, "Search the chats", w.search_chats, "Ctrl+F")
         menu.addSeparator()
         self.actions["reset sampling"] = add_action(menu, "Reset sampling to the model's defaults",
