@@ -159,10 +159,8 @@ class BudgetPanel(QWidget):
         for slider in self.more_gpu_sliders:
             slider.setValue(0)
         self.gpu_slider.setValue(STEPS * gpu_default // max(self.gpu_max, 1))
-        if not self.machine.gpu_bytes and self.placement is not None:
-            # on the CPU the expert slots are RAM too: the store holds only the experts they do not
-            outside = self.facts.total_experts - self.placement.expert_slots
-            ram_default = min(ram_default, outside * self.facts.expert_bytes)
+        if not self.machine.gpu_bytes:  # on the CPU both budgets are RAM: together they start within its share
+            ram_default = min(ram_default, max(int(DEFAULT_GPU_SHARE * self.machine.ram_bytes) - self.gpu_budget, 0))
         self.ram_slider.setValue(STEPS * ram_default // max(self.ram_max, 1))
         self._replan()
 

@@ -42,8 +42,8 @@ class SpeculationPanel(QWidget):
         self.block_size = QSpinBox()
         self.block_size.setRange(AUTO, MAX_BLOCK_SIZE)
         self.block_size.setSpecialValueText("auto")
-        self.note = QLabel("The drafter's memory comes out of the GPU budget (which can then go up to the "
-                           "whole device); the plan above is the target's.")
+        self.note = QLabel("The drafter's memory comes out of the GPU budget (its slider then ends at twice "
+                           "the target's whole plan); the plan above is the target's.")
         self.note.setWordWrap(True)
         self.note.setProperty("role", "muted")
         drafter_row = QHBoxLayout()
