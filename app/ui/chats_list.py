@@ -81,6 +81,13 @@ class ChatsList(QWidget):
             if chat.id == current:
                 self.list.setCurrentItem(item)
 
+    def show_new(self, chat_id: int) -> None:
+        """List a chat just created, selected (a search that would hide it is cleared)."""
+        self.search.blockSignals(True)
+        self.search.clear()
+        self.search.blockSignals(False)
+        self.refresh(chat_id)
+
     def select(self, chat_id: int) -> None:
         self.refresh(chat_id)
         self.chat_selected.emit(chat_id)

@@ -181,7 +181,7 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         self.chats.chat_selected.connect(self.chat.open_chat)
-        self.chat.chats_changed.connect(lambda: self.chats.refresh(self.chat.chat_id))
+        self.chat.chats_changed.connect(lambda: self.chats.show_new(self.chat.chat_id))
         self.library.model_selected.connect(self.budget.show_model)
         self.library.download_requested.connect(self.downloads.look_up)
         self.downloads.model_downloaded.connect(self.library.add_folder)

@@ -72,7 +72,7 @@ class MenuBar:
         self.actions["add folder"] = add_action(menu, "Add a model folder…", w.library.choose_folder, "Ctrl+O")
         self.actions["download"] = add_action(menu, "Download from the hub…", w.show_downloads)
         menu.addSeparator()
-        at_start = add_action(menu, "Load the last model at start", lambda: None)
+        at_start = menu.addAction("Load the last model at start")
         at_start.setCheckable(True)
         at_start.setChecked(w.settings.load_at_start)
         at_start.toggled.connect(w.settings.set_load_at_start)

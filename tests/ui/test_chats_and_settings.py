@@ -99,6 +99,15 @@ def test_the_search_box_finds_chats_by_title_and_by_what_was_said(qtbot, tmp_pat
     assert titles() == ["Rust lifetimes"]
     window.chats.search.clear()
     assert titles() == ["Trip", "Dinner", "Rust lifetimes"]
+    window.chats.search.setText("lyon")
+    window.client.load(LoadModel(INFO["path"]))
+    window.client.engine.events.put(Loaded(INFO))
+    qtbot.waitUntil(lambda: window.chat.send_button.isEnabled())
+    window.chats.new_chat()
+    window.chat.composer.setPlainText("Something else")
+    window.chat.send()  # a new chat shows in the list, even one the search would hide
+    assert window.chats.search.text() == "" and titles()[0] == "Something else"
+    assert window.chats.list.currentItem().text() == "Something else"
     window.close()
 
 
