@@ -19,7 +19,7 @@ from app.ui.speculation import SpeculationPanel
 
 STEPS = 1000
 RAM_NAME = "RAM budget"
-CPU_RAM_NAME = "RAM expert store"  # without a GPU both budgets are RAM: this one holds the experts the first does not
+CPU_RAM_NAME = "RAM expert store"  # without a GPU both budgets are RAM: this one is the experts' store
 CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_CONTEXT = 4096
 DEFAULT_GPU_SHARE = 0.9  # of the device's memory: the desktop and the CUDA context need some
@@ -236,7 +236,7 @@ class BudgetPanel(QWidget):
             self.gpu_label.setText(f"{first} {format_size(self.gpu_budget)}")
             for index, (label, top, slider) in enumerate(zip(self.more_gpu_labels, self.more_gpu_max,
                                                              self.more_gpu_sliders, strict=True), start=1):
-                budget = top * slider.value() // STEPS
+                budget = self._budget(slider, top)
                 label.setText(f"GPU {index} budget {format_size(budget) if budget else 'off'}")
             self.ram_label.setText(f"{RAM_NAME if self.machine.gpu_bytes else CPU_RAM_NAME} "
                                    f"{format_size(self.ram_budget)}")
@@ -260,7 +260,7 @@ class BudgetPanel(QWidget):
         if self.machine.gpu_bytes or self.placement.device_bytes + self.placement.host_bytes <= self.machine.ram_bytes:
             return False
         self.warning.setText(
-            f"The memory budget and the {CPU_RAM_NAME.lower()} together ({format_size(self.placement.device_bytes)} "
+            f"The memory budget and the {CPU_RAM_NAME} together ({format_size(self.placement.device_bytes)} "
             f"+ {format_size(self.placement.host_bytes)}) exceed this machine's {format_size(self.machine.ram_bytes)} "
             "of RAM: lower one of them, or load anyway and expect swapping or an out-of-memory kill."
         )
