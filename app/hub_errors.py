@@ -18,6 +18,8 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
+from app.errors import first_line
+
 DEFAULT_HOST = "huggingface.co"
 RESUMES = "the download resumes where it stopped"
 # exception class names of HTTP clients (httpx, httpcore, http.client, urllib3 and their forks), by what they mean
@@ -96,8 +98,3 @@ def _connection_sentence(problem: str, host: str, doing: str, retry: str) -> str
     if problem == "dropped":
         return f"The connection to {host} dropped while {doing}: {retry}."
     return f"Cannot connect to {host}: the network or the hub is down. Check the connection, then {retry}."
-
-
-def first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

@@ -22,9 +22,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.errors import UserError
+from app.errors import UserError, first_line
 from app.hub import Download, Progress, parse_repo_id, write_manifest
-from app.hub_errors import first_line
 from app.paths import model_folder_for
 from app.sizes import format_size
 from app.ui.app_settings import AppSettings

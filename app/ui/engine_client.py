@@ -22,7 +22,7 @@ from app.engine.protocol import (
     Tokens,
     spawn_engine,
 )
-from app.errors import UserError
+from app.errors import UserError, first_line
 from app.remote import RemoteModel, check_remote, stream_chat
 
 FRAME_MS = 16
@@ -157,6 +157,9 @@ class EngineClient(QObject):
             check_remote(remote)
         except UserError as error:
             events.put(Error("load", str(error)))
+            return
+        except Exception as error:  # an answer that is not the API's: said, not a thread that dies unheard
+            events.put(Error("load", f"{remote.base_url} gave an answer that cannot be read ({first_line(error)})"))
             return
         events.put(Loaded({"remote": True, "path": remote.base_url, "model": remote.model, "model_type": None}))
 
