@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.answer_figures import stats_line
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
     id INTEGER PRIMARY KEY,
@@ -49,6 +51,7 @@ class Chat:
     title: str
     updated: float
     settings: dict
+    created: float = 0.0
 
 
 class ChatStore:
@@ -73,13 +76,22 @@ class ChatStore:
         )
         return cursor.lastrowid
 
-    def chats(self) -> list[Chat]:
-        rows = self.db.execute("SELECT id, title, updated, settings FROM chats ORDER BY updated DESC, id DESC")
-        return [Chat(r["id"], r["title"], r["updated"], json.loads(r["settings"])) for r in rows]
+    def chats(self, containing: str = "") -> list[Chat]:
+        """Newest first; `containing`: only the chats whose title or a message has that text (ASCII letters in
+        any case)."""
+        if not containing:
+            rows = self.db.execute("SELECT * FROM chats ORDER BY updated DESC, id DESC")
+            return [_chat(r) for r in rows]
+        pattern = "%" + containing.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self.db.execute(
+            "SELECT * FROM chats WHERE title LIKE :p ESCAPE '\\' OR id IN "
+            "(SELECT chat_id FROM messages WHERE content LIKE :p ESCAPE '\\') ORDER BY updated DESC, id DESC",
+            {"p": pattern},
+        )
+        return [_chat(r) for r in rows]
 
     def chat(self, chat_id: int) -> Chat:
-        row = self.db.execute("SELECT id, title, updated, settings FROM chats WHERE id = ?", (chat_id,)).fetchone()
-        return Chat(row["id"], row["title"], row["updated"], json.loads(row["settings"]))
+        return _chat(self.db.execute("SELECT * FROM chats WHERE id = ?", (chat_id,)).fetchone())
 
     def rename(self, chat_id: int, title: str) -> None:
         self.db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
@@ -158,12 +170,22 @@ class ChatStore:
     # export
 
     def export_markdown(self, chat_id: int) -> str:
-        lines = [f"# {self.chat(chat_id).title}", ""]
-        for message in self.branch(chat_id):
+        """The current branch, with the models that answered, the chat's date and each answer's figures."""
+        chat, branch = self.chat(chat_id), self.branch(chat_id)
+        models = list(dict.fromkeys(m.stats["model"] for m in branch if m.stats.get("model")))
+        lines = [f"# {chat.title}", ""]
+        if models:
+            lines.append(f"- Model: {', '.join(models)}")
+        lines += [f"- Date: {time.strftime('%Y-%m-%d %H:%M', time.localtime(chat.created))}",
+                  "- Exported from MoE Chat", ""]
+        for message in branch:
             lines += [f"## {message.role.capitalize()}", ""]
             if message.reasoning:
                 lines += ["<details><summary>Reasoning</summary>", "", message.reasoning, "", "</details>", ""]
             lines += [message.content, ""]
+            figures = stats_line(message.stats)
+            if figures:
+                lines += [f"*{figures}*", ""]
         return "\n".join(lines)
 
     def export_json(self, chat_id: int) -> dict:
@@ -176,6 +198,10 @@ class ChatStore:
             "current_leaf": branch[-1].id if branch else None,
             "messages": [message.__dict__ for message in self.all_messages(chat_id)],
         }
+
+
+def _chat(row: sqlite3.Row) -> Chat:
+    return Chat(row["id"], row["title"], row["updated"], json.loads(row["settings"]), row["created"])
 
 
 def _message(row: sqlite3.Row) -> Message:

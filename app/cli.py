@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="moechat", description="Chat with large Mixture-of-Experts models.")
+    parser = argparse.ArgumentParser(prog="moechat", description="Chat with large Mixture-of-Experts models. "
+                                     "`moechat` with no command opens the desktop app.")
     parser.set_defaults(run=_run_app)
     commands = parser.add_subparsers(title="commands")
 
@@ -86,16 +87,17 @@ def _parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="show where a model's bytes go under the given budgets")
     plan.set_defaults(run=_run_plan)
-    plan.add_argument("model")
+    plan.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
     plan.add_argument("--gpu-budget", type=_sizes, required=True, help="e.g. 8G, or one per GPU: 20G,20G")
     plan.add_argument("--ram-budget", type=_size, required=True)
     plan.add_argument("--context", type=_positive_int, default=4096)
-    plan.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    plan.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     plan.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                      help="the device generate will run on (on cuda, dense FP8 weights stay FP8)")
-    plan.add_argument("--pcie-gen", type=int, choices=(3, 4, 5), default=4, help="PCIe generation of the x16 link")
-    plan.add_argument("--memory-bandwidth", type=_size, default="1000GB",
-                      help="device memory bandwidth per second, e.g. 1000GB (RTX 4090), 4800GB (H200)")
+                      help="the device generate will run on (on cuda, dense FP8 weights stay FP8); cpu predicts "
+                           "with the desktop app's CPU rates")
+    plan.add_argument("--pcie-gen", type=int, choices=(3, 4, 5), help="PCIe generation of the x16 link (default 4)")
+    plan.add_argument("--memory-bandwidth", type=_size,
+                      help="device memory bandwidth per second, e.g. 1000GB (RTX 4090, the default), 4800GB (H200)")
     plan.add_argument("--json", action="store_true")
     return parser
 
@@ -184,16 +186,33 @@ def _run_serve(args) -> int:
     return 0
 
 
+def _plan_hardware(args):
+    """The rates to predict with: the app's CPU figures on cpu, a card on cuda; flags given replace either's."""
+    from dataclasses import replace
+
+    from app.plan import PCIE_BPS, Hardware
+    from app.plan_cpu import CPU_HARDWARE
+
+    hardware = CPU_HARDWARE if args.device == "cpu" else Hardware()
+    if args.pcie_gen is not None:
+        hardware = replace(hardware, link_bps=PCIE_BPS[args.pcie_gen])
+    if args.memory_bandwidth is not None:
+        hardware = replace(hardware, memory_bps=args.memory_bandwidth)
+    return hardware
+
+
 def _run_plan(args) -> int:
     from app.model_folder import ModelFolder
-    from app.plan import PCIE_BPS, Hardware, ModelFacts, dtype_bytes
+    from app.paths import resolve_model
+    from app.plan import ModelFacts, dtype_bytes
     from app.plan_gpus import plan_budgets, predict_gpus
     from app.sizes import format_size
 
-    facts = ModelFacts.from_folder(ModelFolder.open(args.model), fp8_kept=args.device == "cuda")
-    placement, gpus = plan_budgets(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(args.dtype))
-    hardware = Hardware(link_bps=PCIE_BPS[args.pcie_gen], memory_bps=args.memory_bandwidth)
-    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(args.dtype), hardware)
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    facts = ModelFacts.from_folder(ModelFolder.open(resolve_model(args.model)), fp8_kept=args.device == "cuda")
+    placement, gpus = plan_budgets(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(dtype))
+    hardware = _plan_hardware(args)
+    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware)
     if args.json:
         print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,
                           "total_experts": facts.total_experts, "prediction": prediction.as_dict(),
@@ -212,7 +231,7 @@ def _run_plan(args) -> int:
         (f"read from disk ({placement.disk_experts} experts)", format_size(placement.disk_bytes)),
         (f"expert-cache hit rate ({prediction.routing})", f"{prediction.hit_rate:.0%}"),
         ("fetched per token", format_size(prediction.fetched_bytes_per_token)),
-        (f"decode (PCIe Gen{args.pcie_gen}, {args.memory_bandwidth / 1e9:.0f} GB/s memory)",
+        (f"decode ({'CPU' if args.device == 'cpu' else 'GPU'}, {hardware.memory_bps / 1e9:.0f} GB/s memory)",
          f"{prediction.tok_s_low:.1f}–{prediction.tok_s_high:.1f} tok/s"),
         ("limited by", prediction.bound),
     ]

@@ -8,6 +8,7 @@ belong to; a finished file is verified, then moved into place.
 """
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -21,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from huggingface_hub import HfApi, hf_hub_url
-from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
 from app.errors import UserError
+from app.hub_errors import download_failure, lookup_failure
 from app.sizes import format_size
 
 CHUNK = 1 << 20
@@ -86,13 +87,8 @@ class Download:
             entries = self.api.list_repo_tree(self.repo_id, revision=commit, recursive=True)
             files = [RemoteFile(e.path, e.size, e.lfs.sha256 if e.lfs else None)
                      for e in entries if hasattr(e, "size")]
-        except RepositoryNotFoundError:
-            raise UserError(f"the hub has no model '{self.repo_id}' (or it needs HF_TOKEN)") from None
-        except RevisionNotFoundError:
-            raise UserError(f"'{self.repo_id}' has no revision '{self.revision}'") from None
-        except (HfHubHTTPError, OSError) as error:
-            first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise UserError(f"cannot reach the hub for '{self.repo_id}': {first_line}") from None
+        except Exception as error:  # whichever library raised it, the user gets one sentence (app/hub_errors.py)
+            raise UserError(lookup_failure(error, self.repo_id, self.revision, self.api.endpoint)) from None
         return commit, sorted(files, key=lambda f: f.path)
 
     @property
@@ -174,9 +170,11 @@ class Download:
                     meter.add(len(chunk))
                     if stop is not None and stop.is_set():
                         return False
-        except (urllib.error.URLError, OSError) as error:
-            raise UserError(f"download of {remote.path} broke off ({error}): run it again to resume") from None
-        return partial.stat().st_size >= remote.size
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
+            raise UserError(download_failure(error, remote.path, self.api.endpoint)) from None
+        if partial.stat().st_size < remote.size:  # the server closed the connection before the file's end
+            raise UserError(download_failure(None, remote.path, self.api.endpoint))
+        return True
 
     def _verify_and_place(self, remote: RemoteFile) -> bool:
         partial = self._partial(remote)

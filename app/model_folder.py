@@ -64,8 +64,7 @@ class ModelFolder:
                 f"model type '{model_type}' in {path / 'config.json'} is not supported; "
                 f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        generation_config = _read_json(path / "generation_config.json", required=False)
-        return cls(path, config, generation_config, _read_tensor_table(path))
+        return cls(path, config, read_generation_config(path), _read_tensor_table(path))
 
     @property
     def model_type(self) -> str:
@@ -79,6 +78,11 @@ class ModelFolder:
                 if isinstance(token, int) and token not in ids:
                     ids.append(token)
         return ids
+
+
+def read_generation_config(folder: str | Path) -> dict:
+    """The folder's `generation_config.json` (sampling defaults, stop tokens); {} when it has none."""
+    return _read_json(Path(folder) / "generation_config.json", required=False)
 
 
 def _read_json(path: Path, required: bool) -> dict:

@@ -59,8 +59,8 @@ def stream_chat(remote: RemoteModel, request: Generate, emit: Callable[[object],
     (token ids only when the server is moechat and says them), then `Done` or `Error`. `cancelled()` is
     looked at between chunks; then the connection closes, which stops the generation on the server.
 
-    Done's stats say `remote: True`; `completion_tokens` is the server's usage figure, None when it gives
-    none; a moechat server's own figures (expert cache, speculation) are added as it reports them."""
+    Done's stats say `remote: True`; `completion_tokens` and `prompt_tokens` are the server's usage figures,
+    None when it gives none; a moechat server's own figures (expert cache, speculation) are added as it reports them."""
     import httpx
 
     body = {"model": remote.model, "messages": request.messages, "max_tokens": request.max_new_tokens,
@@ -101,6 +101,7 @@ def _read_chunk(chunk: dict, stats: dict, request_id: int, emit) -> str | None:
     stats.update(extra.get("stats") or {})
     if chunk.get("usage"):
         stats["completion_tokens"] = chunk["usage"].get("completion_tokens")
+        stats["prompt_tokens"] = chunk["usage"].get("prompt_tokens")
     if not chunk.get("choices"):
         return None
     choice = chunk["choices"][0]

@@ -117,7 +117,8 @@ def test_bad_requests_give_one_clear_line(tiny_gpt_oss, capsys, args, message):
 
 
 def test_plan_prints_the_placement(tiny_gpt_oss, capsys):
-    code, out, _ = run_cli(capsys, "plan", tiny_gpt_oss, "--gpu-budget", "99.1M", "--ram-budget", "200K", "--json")
+    code, out, _ = run_cli(capsys, "plan", tiny_gpt_oss, "--gpu-budget", "99.1M", "--ram-budget", "200K",
+                           "--dtype", "bfloat16", "--json")
     assert code == 0
     plan = json.loads(out)
     assert 0 < plan["expert_slots"] < plan["total_experts"]
@@ -144,3 +145,31 @@ def test_plan_says_where_its_hit_rate_comes_from(tiny_gpt_oss, tiny_glm_folder, 
     assert "(gpt-oss-20b's real routing)" in sources[tiny_gpt_oss]  # the curve measured for gpt_oss models
     assert "(this model's measured routing)" in sources[DEMO_MODEL]  # the demo ships its routing.json
     assert "(uniform routing, the worst case)" in sources[tiny_glm_folder]
+
+
+def test_plan_resolves_demo_and_predicts_the_cpu_as_the_app_does(capsys):
+    """`moechat plan demo` plans the bundled demo (as `generate demo` runs it) and, on the CPU, predicts
+    with the desktop app's rates: the same speed as the budget panel shows for the same plan."""
+    from app.model_folder import ModelFolder
+    from app.paths import DEMO_MODEL
+    from app.plan import ModelFacts, plan_placement, predict_decode
+    from app.ui.hardware import GIB, Machine
+
+    code, out, err = run_cli(capsys, "plan", "demo", "--gpu-budget", "300M", "--ram-budget", "20M", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    facts = ModelFacts.from_folder(ModelFolder.open(DEMO_MODEL))
+    machine = Machine(16 * GIB)  # no GPU: the app plans for the CPU, in float32
+    app_placement = plan_placement(facts, 300 << 20, 20 << 20, 4096, 4)
+    app_prediction = predict_decode(facts, app_placement, 4, machine.hardware)
+    assert plan["expert_slots"] == app_placement.expert_slots
+    assert plan["prediction"]["tok_s_low"] == pytest.approx(app_prediction.tok_s_low)
+    assert 20 < plan["prediction"]["tok_s_low"] < 100  # the demo decodes ~30-40 tok/s on a 2-core CPU
+    code, out, _ = run_cli(capsys, "plan", "demo", "--gpu-budget", "300M", "--ram-budget", "20M")
+    assert "decode (CPU, 60 GB/s memory)" in out
+
+
+def test_moechat_help_says_that_moechat_alone_opens_the_app(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "`moechat` with no command opens the desktop app" in " ".join(capsys.readouterr().out.split())

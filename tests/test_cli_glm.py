@@ -69,7 +69,7 @@ def test_plan_counts_dense_fp8_weights_as_the_device_will_hold_them(glm_models, 
     resident = {}
     for device in ("cpu", "cuda"):
         code, out, err = run_cli(capsys, "plan", glm_models["glm4_moe_fp8"], "--gpu-budget", "100G", "--ram-budget",
-                                 "1G", "--device", device, "--json")
+                                 "1G", "--device", device, "--dtype", "bfloat16", "--json")
         assert code == 0, err
         resident[device] = json.loads(out)["resident_bytes"]
     folder = ModelFolder.open(glm_models["glm4_moe_fp8"])

@@ -96,13 +96,14 @@ def test_a_budget_too_small_names_the_gpu(facts):
 
 
 def test_cli_plan_shows_every_gpu(gpt_oss_20b, facts, capsys):
-    assert main(["plan", str(gpt_oss_20b), "--gpu-budget", "8G,6G", "--ram-budget", "16G", "--json"]) == 0
+    assert main(["plan", str(gpt_oss_20b), "--gpu-budget", "8G,6G", "--ram-budget", "16G", "--device", "cuda",
+                 "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     gpus = plan_gpus(facts, (8 * GIB, 6 * GIB), 16 * GIB, CONTEXT, 2)
     assert planned["gpus"] == [{"expert_slots": g.expert_slots, "device_bytes": g.device_bytes} for g in gpus]
     assert planned["expert_slots"] == sum(g.expert_slots for g in gpus)
-    assert main(["plan", str(gpt_oss_20b), "--gpu-budget", "8G,6G", "--ram-budget", "16G"]) == 0
+    assert main(["plan", str(gpt_oss_20b), "--gpu-budget", "8G,6G", "--ram-budget", "16G", "--device", "cuda"]) == 0
     text = capsys.readouterr().out
     assert f"GPU 1: {gpus[1].expert_slots} expert slots" in text
-    assert main(["plan", str(gpt_oss_20b), "--gpu-budget", "8G,50M", "--ram-budget", "16G"]) == 1
+    assert main(["plan", str(gpt_oss_20b), "--gpu-budget", "8G,50M", "--ram-budget", "16G", "--device", "cuda"]) == 1
     assert "moechat: error: GPU 1: budget" in capsys.readouterr().err

@@ -95,13 +95,13 @@ def test_more_gpu_memory_is_faster_and_experts_on_disk_are_slower(gpt_oss_20b):
 
 def test_moechat_plan_prints_the_prediction(tmp_path, capsys):
     folder = write_shape_only_model(tmp_path / "20b")
-    assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G", "--pcie-gen", "5",
-                 "--memory-bandwidth", "4800GB", "--json"]) == 0
+    assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G", "--device", "cuda",
+                 "--pcie-gen", "5", "--memory-bandwidth", "4800GB", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["hardware"]["link_bps"] == 55e9 and plan["hardware"]["memory_bps"] == 4.8e12
     assert 0 < plan["prediction"]["hit_rate"] < 1
     assert plan["prediction"]["tok_s_low"] <= plan["prediction"]["tok_s_high"]
-    assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G"]) == 0
+    assert main(["plan", str(folder), "--gpu-budget", "8G", "--ram-budget", "32G", "--device", "cuda"]) == 0
     assert "tok/s" in capsys.readouterr().out
 
 

@@ -5,7 +5,8 @@
 The chat view shows a short sample conversation (stored in a scratch history) followed by a real
 answer of the bundled demo model, speculating with its drafter, and the live charts of that run. The budget
 panel plans gpt-oss-20b from its real tensor table for a stated machine (an RTX 4090 with 64 GiB of
-RAM); the download panel talks to a local server that speaks the hub's protocol.
+RAM); the download panel talks to a local server that speaks the hub's protocol, then to one whose
+connection drops. Every view is taken in the light theme (name.png) and the dark one (name-dark.png).
 """
 
 import os
@@ -21,6 +22,7 @@ from PySide6.QtCore import QEventLoop
 from PySide6.QtWidgets import QApplication
 
 from app.chats import ChatStore
+from app.ui.app_settings import AppSettings
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
 from tests.fixtures.hub_server import FakeHub
@@ -30,6 +32,7 @@ from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
 
 MACHINE = Machine(ram_bytes=64 * GIB, gpu_name="NVIDIA GeForce RTX 4090", gpu_bytes=24 * GIB, pcie_gen=4)
 CPU_ONLY = Machine(ram_bytes=16 * GIB)
+THEMES = (("light", ""), ("dark", "-dark"))  # each view in both themes: name.png and name-dark.png
 QUESTION = "How do I read the tensor names of a safetensors file without loading it?"
 REASONING = ("The user wants the header only. A safetensors file starts with an 8-byte little-endian "
              "length, then that many bytes of JSON: names, dtypes, shapes and offsets.")
@@ -70,19 +73,12 @@ def sample_chat(store: ChatStore) -> int:
     return chat
 
 
-def main() -> None:
-    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")
-    out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="moechat-screens-"))
-    tiny = write_tiny_gpt_oss(scratch / "tiny-gpt-oss")
-    write_harmony_tokenizer(tiny)
-    big = write_shape_only_model(scratch / "gpt-oss-20b")
-    store = ChatStore(scratch / "data" / "chats.sqlite")
+def chat_views(app: QApplication, out: Path, scratch: Path, suffix: str) -> None:
+    """The chat with the demo's real answer and the live charts, Markdown with folded reasoning, a killed engine."""
+    store = ChatStore(scratch / "chats.sqlite")
     sample_chat(store)
     store.close()
-
-    app = QApplication(sys.argv)
-    window = MainWindow(scratch / "data", machine=CPU_ONLY)
+    window = MainWindow(scratch, machine=CPU_ONLY)
     window.resize(1280, 800)
     window.show()
     budget = window.budget
@@ -96,19 +92,20 @@ def main() -> None:
     window.chat.composer.setPlainText("What does `json.dumps` do?")
     window.chat.send()
     wait(app, lambda: window.chat.answer is None)
-    window.side_tabs.setCurrentIndex(1)
+    window.show_live_charts()
     settle(app)
-    window.grab().save(str(out / "chat-live.png"))
+    window.grab().save(str(out / f"chat-live{suffix}.png"))
 
     window.chats.select(window.store.chats()[-1].id)
     window.chat.view.widgets[1].reasoning_toggle.setChecked(True)
     window.side_tabs.setCurrentIndex(0)
     settle(app)
-    window.grab().save(str(out / "chat-markdown.png"))
+    window.grab().save(str(out / f"chat-markdown{suffix}.png"))
 
     window.chat_settings.max_tokens.setValue(2000)
     window.chat.composer.setPlainText("Show me the source code of `textwrap.dedent`.")
     window.chat.send()
+
     def answer_is_long() -> bool:
         answer = window.chat.answer
         return answer is not None and len(answer.text + answer.reasoning) > 60
@@ -117,16 +114,20 @@ def main() -> None:
     os.kill(window.client.engine.process.pid, signal.SIGKILL)
     wait(app, lambda: window.banner.isVisible())
     settle(app)
-    window.grab().save(str(out / "engine-died.png"))
+    window.grab().save(str(out / f"engine-died{suffix}.png"))
     window.close()
 
+
+def model_views(app: QApplication, out: Path, scratch: Path, tiny: Path, big: Path, suffix: str) -> None:
+    """The library, a paused download and the budget panel planning gpt-oss-20b; a refused plan; a hub
+    that cannot be reached."""
     files = {p.name: p.read_bytes() for p in tiny.iterdir() if p.is_file()}
     with FakeHub("tiny-org/tiny-gpt-oss", files, {n for n in files if n.endswith(".safetensors")}) as hub:
         os.environ["HF_ENDPOINT"] = hub.url
-        planner = MainWindow(scratch / "planner", machine=MACHINE)
+        planner = MainWindow(scratch, machine=MACHINE)
         planner.resize(1280, 800)
         planner.show()
-        planner.tabs.setCurrentIndex(1)
+        planner.show_tab(1)
         planner.library.add_folder(str(tiny))
         planner.library.add_folder(str(big))
         planner.budget.gpu_slider.setValue(520)
@@ -140,11 +141,32 @@ def main() -> None:
         downloads.pause()
         wait(app, lambda: not downloads.running)
         settle(app)
-        planner.grab().save(str(out / "models-budget.png"))
+        planner.grab().save(str(out / f"models-budget{suffix}.png"))
         planner.budget.gpu_slider.setValue(150)
         settle(app)
-        planner.budget.grab().save(str(out / "plan-refused.png"))
+        planner.budget.grab().save(str(out / f"plan-refused{suffix}.png"))
+        hub.drop_after = 0  # the hub's connection drops: the look-up says so, with Retry and Cancel
+        downloads.look_up("tiny-org/tiny-gpt-oss")
+        wait(app, lambda: downloads.problem_row.isVisible())
+        settle(app)
+        downloads.grab().save(str(out / f"hub-error{suffix}.png"))
         planner.close()
+
+
+def main() -> None:
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="moechat-screens-"))
+    tiny = write_tiny_gpt_oss(scratch / "tiny-gpt-oss")
+    write_harmony_tokenizer(tiny)
+    big = write_shape_only_model(scratch / "gpt-oss-20b")
+    app = QApplication(sys.argv)
+    for theme, suffix in THEMES:
+        data = scratch / theme
+        AppSettings(data / "settings.json").set_theme(theme)
+        AppSettings(data / "planner" / "settings.json").set_theme(theme)
+        chat_views(app, out, data, suffix)
+        model_views(app, out, data / "planner", tiny, big, suffix)
     print(f"screenshots in {out}")
 
 

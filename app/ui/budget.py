@@ -18,10 +18,15 @@ from app.ui.placement_bar import PlacementBar
 from app.ui.speculation import SpeculationPanel
 
 STEPS = 1000
+RAM_NAME = "RAM budget"
+CPU_RAM_NAME = "RAM expert store"  # without a GPU both budgets are RAM: this one is the experts' store
 CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_CONTEXT = 4096
 DEFAULT_GPU_SHARE = 0.9  # of the device's memory: the desktop and the CUDA context need some
 DEFAULT_RAM_SHARE = 0.75  # of the machine's RAM, when the experts do not fit in less
+# With speculation the device slider ends at this many times the target's whole plan: a drafter (DFlash, or
+# GLM's MTP layer) with its cache is smaller than its target, so the pair fits below it
+SPECULATION_ROOM = 2
 
 
 def _speed(tok_s: float) -> str:
@@ -46,31 +51,32 @@ class BudgetPanel(QWidget):
         self.more_gpu_sliders: list[QSlider] = []  # GPU 1, 2, ...: their experts' share (0: left out)
         self.more_gpu_labels: list[QLabel] = []
         self.more_gpu_max: list[int] = []
+        self._pinned: dict[QSlider, int] = {}  # exact budgets of a remembered plan, until their slider moves
 
         self.title = QLabel("Pick a model in the library to plan its memory.")
         self.title.setWordWrap(True)
         self.machine_label = QLabel()
-        self.machine_label.setStyleSheet("color: #6b7280")
+        self.machine_label.setProperty("role", "muted")
         self.gpu_slider = self._slider()
         self.ram_slider = self._slider()
-        self.gpu_label, self.ram_label = QLabel("GPU budget"), QLabel("RAM budget")
+        self.gpu_label, self.ram_label = QLabel("GPU budget"), QLabel(RAM_NAME)
         self.context = QComboBox()
         self.context.currentIndexChanged.connect(self._bound_sliders)
         self.bar = PlacementBar()
         self.speed = QLabel()
-        self.speed.setStyleSheet("font-size: 18px; font-weight: 600")
+        self.speed.setProperty("role", "headline")
         self.details = QLabel()
         self.details.setWordWrap(True)
         self.refusal = QLabel()
         self.refusal.setWordWrap(True)
-        self.refusal.setStyleSheet("color: #c92a2a")
+        self.refusal.setProperty("role", "error")
         self.warning = QLabel()
         self.warning.setWordWrap(True)
-        self.warning.setStyleSheet("color: #e8590c")
+        self.warning.setProperty("role", "warning")
         self.speculation = SpeculationPanel()
         self.speculation.method_changed.connect(self._bound_sliders)
         self.load_button = QPushButton("Load with this plan")
-        self.load_button.clicked.connect(self._request_load)
+        self.load_button.clicked.connect(self.request_load)
 
         self.form = form = QFormLayout()
         form.addRow(self.gpu_label, self.gpu_slider)
@@ -90,21 +96,28 @@ class BudgetPanel(QWidget):
         slider = QSlider(Qt.Orientation.Horizontal)
         slider.setRange(0, STEPS)
         slider.setPageStep(STEPS // 20)
-        slider.valueChanged.connect(self._replan)
+        slider.valueChanged.connect(lambda _value: self._moved(slider))
         return slider
+
+    def _moved(self, slider: QSlider) -> None:
+        self._pinned.pop(slider, None)
+        self._replan()
+
+    def _budget(self, slider: QSlider, top: int) -> int:
+        return self._pinned.get(slider, top * slider.value() // STEPS)
 
     @property
     def gpu_budget(self) -> int:
-        return self.gpu_max * self.gpu_slider.value() // STEPS
+        return self._budget(self.gpu_slider, self.gpu_max)
 
     @property
     def ram_budget(self) -> int:
-        return self.ram_max * self.ram_slider.value() // STEPS
+        return self._budget(self.ram_slider, self.ram_max)
 
     @property
     def gpu_budgets(self) -> int | tuple[int, ...]:
         """The first GPU's budget, or one per GPU up to the last whose slider is above 0 (the load request's)."""
-        budgets = [self.gpu_budget, *(top * slider.value() // STEPS
+        budgets = [self.gpu_budget, *(self._budget(slider, top)
                                       for top, slider in zip(self.more_gpu_max, self.more_gpu_sliders, strict=True))]
         while len(budgets) > 1 and budgets[-1] == 0:
             budgets.pop()
@@ -113,6 +126,7 @@ class BudgetPanel(QWidget):
     def show_model(self, path: str | None) -> None:
         """Plan for the model folder at `path` (None: no model)."""
         self.path, self.facts = path, None
+        self._pinned.clear()
         if path is not None:
             try:
                 folder = ModelFolder.open(path)
@@ -129,6 +143,7 @@ class BudgetPanel(QWidget):
         if self.machine is None:
             self.machine = self._machine_source()
             self.machine_label.setText(self.machine.describe())
+            self.speculation.note.setText(self.machine.in_words(self.speculation.note.text()))
             self._add_gpu_sliders()
         self.facts = replace(self.facts, fp8_kept=self.machine.device == "cuda")  # as the engine will hold them
         self.title.setText(f"<b>{folder.path.name}</b> · {self.facts.model_type} · "
@@ -144,7 +159,30 @@ class BudgetPanel(QWidget):
         for slider in self.more_gpu_sliders:
             slider.setValue(0)
         self.gpu_slider.setValue(STEPS * gpu_default // max(self.gpu_max, 1))
+        if not self.machine.gpu_bytes:  # on the CPU both budgets are RAM: together they start within its share
+            ram_default = min(ram_default, max(int(DEFAULT_GPU_SHARE * self.machine.ram_bytes) - self.gpu_budget, 0))
         self.ram_slider.setValue(STEPS * ram_default // max(self.ram_max, 1))
+        self._replan()
+
+    def show_plan(self, request: LoadModel) -> None:
+        """Put a remembered load request on screen: its model, context, speculation and exact budgets (the
+        sliders as near as their steps go); a budget beyond this machine is cut to its slider's end."""
+        if request.path != self.path:
+            self.show_model(request.path)
+        if self.facts is None:
+            return
+        self.context.setCurrentIndex(max(self.context.findData(request.context), 0))
+        self.speculation.set_options(request.spec, request.drafter, request.block_size)
+        gpu_budgets = request.gpu_budget if isinstance(request.gpu_budget, tuple) else (request.gpu_budget,)
+        sliders = [(self.gpu_slider, self.gpu_max), *zip(self.more_gpu_sliders, self.more_gpu_max, strict=True),
+                   (self.ram_slider, self.ram_max)]
+        budgets = [*gpu_budgets[: len(sliders) - 1], *[0] * (len(sliders) - 1 - len(gpu_budgets)), request.ram_budget]
+        for (slider, top), budget in zip(sliders, budgets, strict=True):
+            if budget is None:
+                continue
+            slider.setValue(STEPS * min(budget, top) // max(top, 1))
+            if budget <= top:
+                self._pinned[slider] = budget
         self._replan()
 
     def _add_gpu_sliders(self) -> None:
@@ -161,8 +199,8 @@ class BudgetPanel(QWidget):
         if self.facts is not None:
             everything = plan_placement(self.facts, None, None, self.context.currentData(), self._dtype_bytes)
             speculates = self.speculation.options()["spec"] != "off"
-            self.gpu_max = self.machine.device_bytes if speculates else \
-                min(self.machine.device_bytes, everything.device_bytes)
+            whole = everything.device_bytes * (SPECULATION_ROOM if speculates else 1)
+            self.gpu_max = min(self.machine.device_bytes, whole)
             # a further GPU holds its slots and the experts' workspace; beyond every expert nothing is gained
             experts = expert_workspace(self.facts, self.context.currentData(), self._dtype_bytes) + \
                 self.facts.total_experts * self.facts.expert_bytes
@@ -179,7 +217,8 @@ class BudgetPanel(QWidget):
 
     @property
     def device_name(self) -> str:
-        return "GPU" if self.machine.gpu_bytes else "CPU"
+        """The device row's name: the GPU, or without one the memory the model runs in."""
+        return "GPU" if self.machine.gpu_bytes else "Memory"
 
     @property
     def _dtype_bytes(self) -> int:
@@ -193,18 +232,19 @@ class BudgetPanel(QWidget):
         self.placement, self.gpus, self.prediction = None, (), None
         self.refusal.clear()
         if self.facts is not None and self.machine is not None:
-            first = "GPU 0" if self.more_gpu_sliders else self.device_name
-            self.gpu_label.setText(f"{first} budget {format_size(self.gpu_budget)}")
+            first = "GPU 0 budget" if self.more_gpu_sliders else self.machine.budget_name
+            self.gpu_label.setText(f"{first} {format_size(self.gpu_budget)}")
             for index, (label, top, slider) in enumerate(zip(self.more_gpu_labels, self.more_gpu_max,
                                                              self.more_gpu_sliders, strict=True), start=1):
-                budget = top * slider.value() // STEPS
+                budget = self._budget(slider, top)
                 label.setText(f"GPU {index} budget {format_size(budget) if budget else 'off'}")
-            self.ram_label.setText(f"RAM budget {format_size(self.ram_budget)}")
+            self.ram_label.setText(f"{RAM_NAME if self.machine.gpu_bytes else CPU_RAM_NAME} "
+                                   f"{format_size(self.ram_budget)}")
             try:
                 self.placement, self.gpus = plan_budgets(self.facts, self.gpu_budgets, self.ram_budget,
                                                          self.context.currentData(), self._dtype_bytes)
             except UserError as error:
-                self.refusal.setText(f"This plan cannot run: {error}")
+                self.refusal.setText(f"This plan cannot run: {self.machine.in_words(str(error))}")
         if self.placement is not None:
             self.prediction = predict_gpus(self.facts, self.placement, self.gpus, self._dtype_bytes,
                                            self.machine.hardware)
@@ -220,30 +260,30 @@ class BudgetPanel(QWidget):
         if self.machine.gpu_bytes or self.placement.device_bytes + self.placement.host_bytes <= self.machine.ram_bytes:
             return False
         self.warning.setText(
-            f"The CPU budget and the RAM budget together ({format_size(self.placement.device_bytes)} + "
-            f"{format_size(self.placement.host_bytes)}) exceed this machine's {format_size(self.machine.ram_bytes)} "
+            f"The memory budget and the {CPU_RAM_NAME} together ({format_size(self.placement.device_bytes)} "
+            f"+ {format_size(self.placement.host_bytes)}) exceed this machine's {format_size(self.machine.ram_bytes)} "
             "of RAM: lower one of them, or load anyway and expect swapping or an out-of-memory kill."
         )
         return True
 
     def _show_plan(self) -> None:
         p, placement = self.prediction, self.placement
-        where = f"the {self.device_name}"
+        where = "on the GPU" if self.machine.gpu_bytes else "in the memory budget"
         if self.gpus:
             self.bar.show_gpus(self.gpus, self.gpu_budgets, [self.gpu_max, *self.more_gpu_max][: len(self.gpus)])
-            where = f"{len(self.gpus)} GPUs ({' + '.join(str(gpu.expert_slots) for gpu in self.gpus)})"
+            where = f"on {len(self.gpus)} GPUs ({' + '.join(str(gpu.expert_slots) for gpu in self.gpus)})"
         else:
             self.bar.show_placement(placement, self.device_name, self.gpu_budget, self.gpu_max)
         self.speed.setText(f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s")
         self.details.setText(
-            f"{placement.expert_slots} of {self.facts.total_experts} experts on {where}"
+            f"{placement.expert_slots} of {self.facts.total_experts} experts {where}"
             f" · cache hit rate {p.hit_rate:.0%} "
             f"({'as measured on real text' if p.measured_routing else 'uniform routing, the worst case'})"
             f" · {format_size(p.fetched_bytes_per_token)} fetched per token · limited by {p.bound}"
             f" · {placement.disk_experts} experts read from disk"
         )
 
-    def _request_load(self) -> None:
+    def request_load(self) -> None:
         self.load_requested.emit(LoadModel(
             self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budgets,
             ram_budget=self.ram_budget, context=self.context.currentData(), **self.speculation.options(),

@@ -4,20 +4,22 @@ appears once its series has data; pyqtgraph is imported then, not at start-up.""
 import time
 
 from PySide6.QtCore import QRectF, QTimer
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
 from app.engine.protocol import StepStats
 from app.ui.live_stats import LiveStats
+from app.ui.theme import Palette, current
 
 REFRESH_MS = 100
-# title, y-axis unit, (series, colour, legend name)
+LEGEND_ALPHA = 210
+# title, y-axis unit, (series, legend name); each series' pen is the theme's
 CHARTS = (
-    ("Decode speed", "tok/s", (("tok_s", "#4c6ef5", None),)),
-    ("Expert-cache hit rate", "", (("hit_rate", "#2f9e44", None),)),
-    ("Prefetch", "", (("prefetch_coverage", "#2f9e44", "coverage"), ("prefetch_waste", "#e03131", "waste"))),
-    ("Fetched per token", "B", (("bytes_per_token", "#f59f00", None),)),
-    ("Speculation per step", "tokens", (("accepted", "#7048e8", "accepted drafts"),
-                                        ("block_size", "#868e96", "block size"))),
+    ("Decode speed", "tok/s", (("tok_s", None),)),
+    ("Expert-cache hit rate", "", (("hit_rate", None),)),
+    ("Prefetch", "", (("prefetch_coverage", "coverage"), ("prefetch_waste", "waste"))),
+    ("Fetched per token", "B", (("bytes_per_token", None),)),
+    ("Speculation per step", "tokens", (("accepted", "accepted drafts"), ("block_size", "block size"))),
 )
 FRACTIONS = ("hit_rate", "prefetch_coverage")
 RESIDENCY = "Experts in the cache per layer"
@@ -57,7 +59,7 @@ class LiveCharts(QWidget):
                 continue
             if title not in self.plots:
                 self._add_plot(title, unit, series)
-            for name, _, _ in series:
+            for name, _ in series:
                 self.curves[name].setData(*self.stats.points(name))
         if self.stats.residency[0]:
             self._show_residency()
@@ -81,12 +83,13 @@ class LiveCharts(QWidget):
         plot = self._new_plot(title, unit)
         plot.showGrid(x=True, y=True, alpha=0.2)
         if len(series) > 1:
-            plot.addLegend(offset=(-10, 10), brush=(255, 255, 255, 210))
+            plot.addLegend(offset=(-10, 10))
         if series[0][0] in FRACTIONS:
             plot.setYRange(0, 1.05)
-        for name, colour, legend in series:
-            self.curves[name] = plot.plot(pen=pyqtgraph.mkPen(colour, width=2), name=legend)
+        for name, legend in series:
+            self.curves[name] = plot.plot(pen=pyqtgraph.mkPen(current().series[name], width=2), name=legend)
         self._place(title, plot)
+        self._style_plot(title, plot, current())
 
     def _add_residency_plot(self) -> None:
         import pyqtgraph
@@ -100,13 +103,39 @@ class LiveCharts(QWidget):
                                      width=10)
         bar.setImageItem(self.residency_image, insert_in=plot.getPlotItem())
         self._place(RESIDENCY, plot)
+        self._style_plot(RESIDENCY, plot, current())
+
+    def follow_theme(self, palette: Palette) -> None:
+        """Redraw every chart in `palette`'s colours."""
+        if not self.plots:
+            return
+        import pyqtgraph
+
+        for title, plot in self.plots.items():
+            self._style_plot(title, plot, palette)
+        for name, curve in self.curves.items():
+            curve.setPen(pyqtgraph.mkPen(palette.series[name], width=2))
+
+    @staticmethod
+    def _style_plot(title: str, plot, palette: Palette) -> None:
+        plot.setBackground(palette.base)
+        plot.setTitle(title, color=palette.text)
+        for side in ("left", "bottom"):
+            axis = plot.getAxis(side)
+            axis.setPen(palette.muted)
+            axis.setTextPen(palette.text)
+        legend = plot.getPlotItem().legend
+        if legend is not None:
+            fill = QColor(palette.base)
+            fill.setAlpha(LEGEND_ALPHA)
+            legend.setBrush(fill)
+            legend.setLabelTextColor(palette.text)
 
     def _new_plot(self, title: str, unit: str):
         import pyqtgraph
 
         self.placeholder.hide()
-        plot = pyqtgraph.PlotWidget(background="w")
-        plot.setTitle(title, color="#212529")
+        plot = pyqtgraph.PlotWidget()
         plot.setMinimumHeight(150)
         if unit:
             plot.setLabel("left", units=unit)

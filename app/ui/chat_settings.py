@@ -6,8 +6,10 @@ from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
+    QHBoxLayout,
     QLabel,
     QPlainTextEdit,
+    QPushButton,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -17,9 +19,12 @@ from app.ui.conversation import DEFAULT_SETTINGS
 
 
 class ChatSettingsPanel(QWidget):
-    """Signals: changed(settings: dict) whenever the user edits a field."""
+    """Signals: changed(settings: dict) whenever the user edits a field; reset_requested() and
+    save_default_requested() from its buttons (the chat panel knows the model's defaults)."""
 
     changed = Signal(dict)
+    reset_requested = Signal()
+    save_default_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -44,9 +49,21 @@ class ChatSettingsPanel(QWidget):
         layout.addRow("Max tokens", self.max_tokens)
         layout.addRow("Reasoning effort", self.reasoning_effort)
         layout.addRow(self.colour_drafted)
+        self.reset_button = QPushButton("Reset sampling")
+        self.reset_button.setToolTip("Temperature, top-p, top-k, max tokens and reasoning effort back to the "
+                                     "loaded model's defaults")
+        self.reset_button.clicked.connect(self.reset_requested)
+        self.save_default_button = QPushButton("Use for new chats")
+        self.save_default_button.setToolTip("New chats with the loaded model start from these settings")
+        self.save_default_button.clicked.connect(self.save_default_requested)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.reset_button)
+        buttons.addWidget(self.save_default_button)
+        buttons.addStretch()
         column = QVBoxLayout(self)
         column.addWidget(QLabel("<b>This chat's settings</b>"))
         column.addLayout(layout)
+        column.addLayout(buttons)
         column.addStretch()
         self.show_settings(DEFAULT_SETTINGS)
         self.system_prompt.textChanged.connect(self._emit)

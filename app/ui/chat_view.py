@@ -6,32 +6,33 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QToolButton, QVBoxLayout, QWidget
 
+from app.answer_figures import stats_line
 from app.chats import Message
-from app.ui.message_html import clean, markdown_html, stats_line
+from app.ui.message_html import clean, markdown_html
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
-BACKGROUNDS = {"user": "#eef2ff", "assistant": "#ffffff"}
 
 
 class MessageWidget(QFrame):
     """One message: header with sibling navigation and actions, folded reasoning, body, figures.
 
-    Signals: edit_requested(id), regenerate_requested(id), sibling_requested(id of the sibling to show)."""
+    Signals: edit_requested(id), regenerate_requested(id), sibling_requested(id of the sibling to show),
+    continue_requested(id) for an answer that stopped at its token limit (`can_continue`)."""
 
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
     sibling_requested = Signal(int)
+    continue_requested = Signal(int)
 
     def __init__(self, message: Message, siblings: list[int], colour_drafted: bool = False,
-                 parent: QWidget | None = None):
+                 can_continue: bool = False, parent: QWidget | None = None):
         super().__init__(parent)
         self.message_id = message.id
         self.colour_drafted = colour_drafted
         self.role = message.role
         self.code_blocks: list[str] = []
         self.setObjectName("message")
-        self.setStyleSheet(f"#message {{ background: {BACKGROUNDS.get(message.role, '#ffffff')};"
-                           " border: 1px solid #dee2e6; border-radius: 8px; }")
+        self.setProperty("role", message.role)  # the theme's style sheet gives each role its bubble
         header = QHBoxLayout()
         header.addWidget(QLabel(f"<b>{ROLE_NAMES.get(message.role, message.role)}</b>"))
         self.position = QLabel()
@@ -41,6 +42,10 @@ class MessageWidget(QFrame):
         if message.role == "user":
             self.edit_button = self._action(header, "Edit", lambda: self.edit_requested.emit(self.message_id))
         else:
+            self.continue_button = self._action(header, "Continue",
+                                                lambda: self.continue_requested.emit(self.message_id))
+            self.continue_button.setToolTip("The answer stopped at its token limit: write on from where it ends")
+            self.continue_button.setVisible(can_continue and message.stats.get("stop_reason") == "length")
             self.regenerate_button = self._action(header, "Regenerate",
                                                   lambda: self.regenerate_requested.emit(self.message_id))
         self._action(header, "Copy", lambda: QGuiApplication.clipboard().setText(self.text))
@@ -53,7 +58,7 @@ class MessageWidget(QFrame):
         self.reasoning = QLabel()
         self.reasoning.setWordWrap(True)
         self.reasoning.setTextFormat(Qt.TextFormat.PlainText)
-        self.reasoning.setStyleSheet("color: #6b7280; padding-left: 12px")
+        self.reasoning.setProperty("role", "reasoning")
         self.reasoning.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.body = QLabel()
         self.body.setWordWrap(True)
@@ -61,7 +66,7 @@ class MessageWidget(QFrame):
         self.body.setTextInteractionFlags(Qt.TextInteractionFlag.TextBrowserInteraction)
         self.body.linkActivated.connect(self._on_link)
         self.figures = QLabel()
-        self.figures.setStyleSheet("color: #6b7280; font-size: 11px")
+        self.figures.setProperty("role", "figures")
 
         layout = QVBoxLayout(self)
         layout.addLayout(header)
@@ -117,7 +122,7 @@ class MessageWidget(QFrame):
 
 
 class ChatView(QScrollArea):
-    """Signals: edit_requested(id), regenerate_requested(id), sibling_requested(id).
+    """Signals: edit_requested(id), regenerate_requested(id), sibling_requested(id), continue_requested(id).
 
     With `colour_drafted`, answer text from accepted drafts (a message's stats["drafted_spans"]) is
     shown in its own colour."""
@@ -125,6 +130,7 @@ class ChatView(QScrollArea):
     edit_requested = Signal(int)
     regenerate_requested = Signal(int)
     sibling_requested = Signal(int)
+    continue_requested = Signal(int)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -139,17 +145,20 @@ class ChatView(QScrollArea):
         self._at_bottom = True
         self.colour_drafted = False
 
-    def show_messages(self, messages: list[Message], siblings: dict[int, list[int]]) -> None:
+    def show_messages(self, messages: list[Message], siblings: dict[int, list[int]], can_continue: bool = True) -> None:
+        """`can_continue`: the last message may offer Continue (not while another answer is written)."""
         for widget in self.widgets:
             self.column.removeWidget(widget)
             widget.hide()
             widget.deleteLater()
         self.widgets = []
         for message in messages:
-            widget = MessageWidget(message, siblings.get(message.id, [message.id]), self.colour_drafted)
+            widget = MessageWidget(message, siblings.get(message.id, [message.id]), self.colour_drafted,
+                                   can_continue and message is messages[-1])
             widget.edit_requested.connect(self.edit_requested)
             widget.regenerate_requested.connect(self.regenerate_requested)
             widget.sibling_requested.connect(self.sibling_requested)
+            widget.continue_requested.connect(self.continue_requested)
             self.column.insertWidget(self.column.count() - 1, widget)
             self.widgets.append(widget)
         self._at_bottom = True

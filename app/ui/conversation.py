@@ -6,7 +6,7 @@ the engine finishes, is stopped, or dies, so a partial answer is never lost.
 
 import time
 
-from app.chats import ChatStore
+from app.chats import ChatStore, Message
 from app.engine.protocol import Done, Tokens
 
 DEFAULT_SETTINGS = {
@@ -38,21 +38,28 @@ def engine_messages(store: ChatStore, last_id: int, system_prompt: str) -> list[
 
 
 class Answer:
-    """The assistant message being generated for `request_id`.
+    """The assistant message being generated for `request_id`, a new one or, `continues`, the end of an
+    answer that stopped at its token limit (its text so far is kept and the new text added to it).
 
     `drafted_spans` are [start, end) character ranges of `text` from speculative steps that accepted
     drafts. Colour is per step, not per token: a step's pieces are the parser's text for all its tokens
     together (a token may hold half a character, or a marker the parser swallows), so the step's last
-    token, the target's own, is coloured with its drafts."""
+    token, the target's own, is coloured with its drafts. `tokens` counts this generation's tokens."""
 
-    def __init__(self, store: ChatStore, chat_id: int, parent_id: int, request_id: int, clock=time.perf_counter):
-        self.store, self.chat_id, self.request_id, self.clock = store, chat_id, request_id, clock
-        self.message_id = store.add_message(chat_id, parent_id, "assistant", "", complete=False)
-        self.text = ""
-        self.reasoning = ""
+    def __init__(self, store: ChatStore, chat_id: int, parent_id: int, request_id: int, model: str = "",
+                 clock=time.perf_counter, continues: Message | None = None):
+        self.store, self.chat_id, self.request_id, self.model, self.clock = store, chat_id, request_id, model, clock
+        if continues is None:
+            self.message_id = store.add_message(chat_id, parent_id, "assistant", "", complete=False)
+        else:
+            self.message_id = continues.id
+        self.text = continues.content if continues else ""
+        self.reasoning = continues.reasoning if continues else ""
+        self.earlier_tokens = (continues.stats.get("tokens") or 0) if continues else 0
         self.tokens = 0
         self.accepted: list[int] = []
-        self.drafted_spans: list[list[int]] = []
+        self.drafted_spans: list[list[int]] = [list(span) for span in continues.stats.get("drafted_spans", [])] \
+            if continues else []
         self.started = clock()
         self.first_token_at: float | None = None
 
@@ -99,7 +106,12 @@ class Answer:
         remote = engine_stats.get("remote", False)
         # a remote server that sends no token ids may still count them in its usage; None: it did not say
         tokens = engine_stats.get("completion_tokens") if remote and not self.tokens else self.tokens
-        stats = {"stop_reason": stop_reason, "tokens": tokens}
+        stats = {"stop_reason": stop_reason, "tokens": tokens if tokens is None else self.earlier_tokens + tokens}
+        if self.model:
+            stats["model"] = self.model
+        prompt = engine_stats.get("prompt_tokens") if remote else engine_stats.get("prefill_tokens")
+        if prompt is not None and tokens is not None:
+            stats["context_tokens"] = prompt + tokens  # what the conversation fills of the context now
         if "decode_tok_s" in engine_stats:
             stats["tok_s"] = engine_stats["decode_tok_s"]
             stats["ttft_s"] = engine_stats["ttft_s"]

@@ -2,12 +2,13 @@
 cancel. The work runs in a thread (`DownloadJob`); partial files and the list of unfinished
 downloads outlive the app, so a download resumes after a restart."""
 
+import queue
 import shutil
 import threading
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
@@ -21,13 +22,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.errors import UserError
+from app.errors import UserError, first_line
 from app.hub import Download, Progress, parse_repo_id, write_manifest
 from app.paths import model_folder_for
 from app.sizes import format_size
 from app.ui.app_settings import AppSettings
 
 PROGRESS_INTERVAL_S = 0.1
+DELIVERY_MS = 30  # how often a job's news from its thread is passed on
+JOIN_S = 2.0  # at quit, how long a download's thread may take to stop
+IDLE = "Download a model from the Hugging Face hub."
 
 
 def time_left(seconds: float | None) -> str:
@@ -41,7 +45,9 @@ def time_left(seconds: float | None) -> str:
 
 
 class DownloadJob(QObject):
-    """One repository's download, worked in a thread.
+    """One repository's download, worked in a thread. The thread never touches Qt: it queues what it has
+    to say, and a timer of this object emits it in the thread the object lives in (a PySide signal emitted
+    from a Python thread can crash the interpreter while the main thread collects garbage).
 
     Signals: listed(download: Download); progress(progress: Progress); finished(completed: bool), False
     when paused; failed(message: str)."""
@@ -51,12 +57,17 @@ class DownloadJob(QObject):
     finished = Signal(bool)
     failed = Signal(str)
 
-    def __init__(self, repo_id: str, folder: Path, revision: str = "main"):
-        super().__init__()
+    def __init__(self, repo_id: str, folder: Path, revision: str = "main", parent: QObject | None = None):
+        super().__init__(parent)
         self.repo_id, self.folder, self.revision = repo_id, folder, revision
         self.download: Download | None = None
         self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
         self._last_report = 0.0
+        self._said: queue.Queue = queue.Queue()  # (signal name, its arguments) from the thread
+        self._timer = QTimer(self)
+        self._timer.setInterval(DELIVERY_MS)
+        self._timer.timeout.connect(self._deliver)
 
     def look_up(self) -> None:
         self._in_thread(self._look_up)
@@ -65,16 +76,41 @@ class DownloadJob(QObject):
         self.stop.clear()
         self._in_thread(self._run)
 
+    def shut_down(self, timeout_s: float = JOIN_S) -> None:
+        """Stop a running download (its partial files stay, to resume) and give its thread a moment to end."""
+        self.stop.set()
+        self._timer.stop()
+        if self.thread is not None:
+            self.thread.join(timeout_s)
+
     def _in_thread(self, work) -> None:
-        threading.Thread(target=work, name=f"download {self.repo_id}", daemon=True).start()
+        self.thread = threading.Thread(target=work, name=f"download {self.repo_id}", daemon=True)
+        self.thread.start()
+        self._timer.start()
+
+    def _say(self, signal_name: str, *args) -> None:
+        self._said.put((signal_name, args))
+
+    def _deliver(self) -> None:
+        while True:
+            try:
+                signal_name, args = self._said.get_nowait()
+            except queue.Empty:
+                break
+            getattr(self, signal_name).emit(*args)
+        if self.thread is not None and not self.thread.is_alive() and self._said.empty():
+            self._timer.stop()
 
     def _look_up(self) -> None:
         try:
             self.download = Download(self.repo_id, self.folder, self.revision)
         except UserError as error:
-            self.failed.emit(str(error))
+            self._say("failed", str(error))
             return
-        self.listed.emit(self.download)
+        except Exception as error:  # a worker that dies would leave "Looking up…" on screen for ever
+            self._say("failed", f"Looking up {self.repo_id} failed: {first_line(error)}")
+            return
+        self._say("listed", self.download)
 
     def _run(self) -> None:
         try:
@@ -82,19 +118,25 @@ class DownloadJob(QObject):
             if completed:
                 write_manifest(self.download)
         except UserError as error:
-            self.failed.emit(str(error))
+            self._say("failed", str(error))
             return
-        self.finished.emit(completed)
+        except Exception as error:  # as in _look_up: the panel must hear of it
+            self._say("failed", f"Downloading {self.repo_id} failed: {first_line(error)}")
+            return
+        self._say("finished", completed)
 
     def _report(self, progress: Progress) -> None:
         now = time.monotonic()
         if now - self._last_report >= PROGRESS_INTERVAL_S or progress.done == progress.total:
             self._last_report = now
-            self.progress.emit(progress)
+            self._say("progress", progress)
 
 
 class DownloadPanel(QWidget):
-    """Signals: model_downloaded(folder: str)."""
+    """A failed look-up or download is one sentence with Retry (look up again, or resume) and Cancel (back
+    to the start, or leave the download paused).
+
+    Signals: model_downloaded(folder: str)."""
 
     model_downloaded = Signal(str)
 
@@ -109,7 +151,7 @@ class DownloadPanel(QWidget):
         self.repo.returnPressed.connect(self.look_up)
         self.look_up_button = QPushButton("Look up")
         self.look_up_button.clicked.connect(self.look_up)
-        self.summary = QLabel("Download a model from the Hugging Face hub.")
+        self.summary = QLabel(IDLE)
         self.summary.setWordWrap(True)
         self.files = QTableWidget(0, 3)
         self.files.setHorizontalHeaderLabels(["File", "Size", "Have"])
@@ -125,6 +167,21 @@ class DownloadPanel(QWidget):
         self.pause_button.clicked.connect(self.pause)
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.clicked.connect(self.cancel)
+        self.problem = QLabel()
+        self.problem.setWordWrap(True)
+        self.problem.setProperty("role", "error")
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.clicked.connect(self.retry)
+        self.dismiss_button = QPushButton("Cancel")
+        self.dismiss_button.clicked.connect(self.dismiss)
+        self.problem_row = QWidget()
+        problem_layout = QHBoxLayout(self.problem_row)
+        problem_layout.setContentsMargins(0, 0, 0, 0)
+        problem_layout.addWidget(self.problem, 1)
+        problem_layout.addWidget(self.retry_button)
+        problem_layout.addWidget(self.dismiss_button)
+        self.problem_row.hide()
+        self._retry = self.look_up
 
         ask = QHBoxLayout()
         ask.addWidget(self.repo)
@@ -136,7 +193,7 @@ class DownloadPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("<b>Download from the hub</b>"))
         layout.addLayout(ask)
-        for widget in (self.summary, self.files, self.bar, self.status):
+        for widget in (self.summary, self.problem_row, self.files, self.bar, self.status):
             layout.addWidget(widget)
         layout.addLayout(buttons)
         self._show_buttons(running=False, ready=False)
@@ -153,11 +210,16 @@ class DownloadPanel(QWidget):
         except UserError as error:
             self.status.setText(str(error))
             return
-        self.job = DownloadJob(repo_id, self.models_dir / model_folder_for(repo_id).name)
+        if self.job is not None:
+            self.job.deleteLater()  # its thread, if still looking, only queues what it finds
+        self.job = DownloadJob(repo_id, self.models_dir / model_folder_for(repo_id).name, parent=self)
         self.job.listed.connect(self._show_listing)
         self.job.progress.connect(self._show_progress)
         self.job.finished.connect(self._on_finished)
         self.job.failed.connect(self._on_failed)
+        self.problem_row.hide()
+        self.bar.setValue(0)
+        self.status.clear()
         self.summary.setText(f"Looking up {repo_id}…")
         self.files.setRowCount(0)
         self._show_buttons(running=False, ready=False)
@@ -171,12 +233,29 @@ class DownloadPanel(QWidget):
             self.status.setText(str(error))
             return
         self.settings.remember_download(download.repo_id, download.revision, str(download.folder))
+        self.problem_row.hide()
         self.status.setText("Starting…")
         self._set_running(True)
         self.job.start()
 
     def pause(self) -> None:
         self.job.stop.set()
+
+    def retry(self) -> None:
+        self.problem_row.hide()
+        self._retry()
+
+    def dismiss(self) -> None:
+        """Cancel on a failure: a failed look-up is forgotten; a failed download stays paused, to resume."""
+        self.problem_row.hide()
+        if self.job is not None and self.job.download is None:
+            self.job = None
+            self.summary.setText(IDLE)
+            self._show_buttons(running=False, ready=False)
+
+    def shut_down(self) -> None:
+        if self.job is not None:
+            self.job.shut_down()
 
     def cancel(self) -> None:
         """Stop and forget the partial files (once the thread has let go of them)."""
@@ -244,8 +323,15 @@ class DownloadPanel(QWidget):
         if self._cancelling:
             self.cancel()
             return
-        self.status.setText(message)
-        self.summary.setText(self.summary.text().replace("Looking up", "Could not look up"))
+        looked_up = self.job.download is not None
+        self._retry = self.start if looked_up else self.look_up
+        self.problem.setText(message)
+        self.problem_row.show()
+        if looked_up:
+            self.download_button.setText("Resume")
+            self.status.setText("Stopped: the partial files are kept.")
+        else:
+            self.summary.setText(f"Could not look up {self.job.repo_id}.")
 
     def _set_running(self, running: bool) -> None:
         self.running = running

@@ -4,6 +4,7 @@ import itertools
 import queue
 import signal
 import threading
+import weakref
 from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -21,10 +22,11 @@ from app.engine.protocol import (
     Tokens,
     spawn_engine,
 )
-from app.errors import UserError
+from app.errors import UserError, first_line
 from app.remote import RemoteModel, check_remote, stream_chat
 
 FRAME_MS = 16
+STOP_S = 2.0  # how long the engine may take to obey Shutdown before it is killed
 MAX_EVENTS_PER_FRAME = 2000
 
 
@@ -61,6 +63,7 @@ class EngineClient(QObject):
       finished(done: Done)
       error(error: Error)         the engine reported a failure; it is still running
       died(reason: str)           the engine process ended on its own; `restart()` starts a new one
+      remote_failed(reason: str)  a remote server could not be used; what was loaded before stays
     """
 
     load_progress = Signal(str, float)
@@ -70,6 +73,7 @@ class EngineClient(QObject):
     finished = Signal(object)
     error = Signal(object)
     died = Signal(str)
+    remote_failed = Signal(str)
 
     def __init__(self, spawn=spawn_engine, parent: QObject | None = None):
         super().__init__(parent)
@@ -79,6 +83,7 @@ class EngineClient(QObject):
         self.info: dict | None = None  # what the engine has loaded
         self.remote: RemoteModel | None = None
         self._remote_events: queue.Queue = queue.Queue()
+        self._remote_check: tuple[RemoteModel, queue.Queue] | None = None  # a server being asked, and its answer
         self._remote_cancels: dict[int, threading.Event] = {}
         self._request_ids = itertools.count(1)
         self._timer = QTimer(self)
@@ -90,17 +95,17 @@ class EngineClient(QObject):
         return self.engine is not None
 
     def connect_remote(self, remote: RemoteModel) -> None:
-        """Chat through `remote` from now on (a local engine is shut down): `loaded` follows once the
-        server has answered and serves the model, with info {"remote": True, ...}; else `error` (kind "load")."""
-        self.shutdown()
-        self.remote, self.last_load = remote, None
-        self._remote_events = queue.Queue()
-        threading.Thread(target=self._check_remote, args=(remote, self._remote_events), daemon=True).start()
+        """Chat through `remote` once it has answered that it serves the model: then the local engine is
+        shut down and `loaded` follows, with info {"remote": True, ...}. A server that cannot be used gives
+        `remote_failed` and leaves what was loaded as it was."""
+        answer: queue.Queue = queue.Queue()
+        self._remote_check = remote, answer
+        threading.Thread(target=self._check_remote, args=(remote, answer), daemon=True).start()
         self._timer.start()
 
     def load(self, request: LoadModel) -> None:
         """Start the engine if needed and load `request` (exactly this plan)."""
-        self.remote = None
+        self.remote, self._remote_check = None, None
         self._ensure_started()
         self.last_load = request
         self.info = None
@@ -134,14 +139,17 @@ class EngineClient(QObject):
     def shutdown(self) -> None:
         self._timer.stop()
         self.cancel()
-        self.remote, self._remote_cancels = None, {}
+        self.remote, self._remote_cancels, self._remote_check = None, {}, None
         engine, self.engine, self.info = self.engine, None, None
         if engine is not None:
-            engine.stop(timeout_s=2.0)
+            self._engine_finalizer.detach()
+            engine.stop(timeout_s=STOP_S)
 
     def _ensure_started(self) -> None:
         if self.engine is None:
             self.engine = self._spawn()
+            # a client dropped without shutdown() (a window deleted unclosed) still ends its engine
+            self._engine_finalizer = weakref.finalize(self, self.engine.stop, STOP_S)
             self._timer.start()
 
     def _check_remote(self, remote: RemoteModel, events: queue.Queue) -> None:
@@ -150,9 +158,31 @@ class EngineClient(QObject):
         except UserError as error:
             events.put(Error("load", str(error)))
             return
+        except Exception as error:  # an answer that is not the API's: said, not a thread that dies unheard
+            events.put(Error("load", f"{remote.base_url} gave an answer that cannot be read ({first_line(error)})"))
+            return
         events.put(Loaded({"remote": True, "path": remote.base_url, "model": remote.model, "model_type": None}))
 
+    def _take_remote_answer(self) -> None:
+        remote, answer = self._remote_check
+        try:
+            event = answer.get_nowait()
+        except queue.Empty:
+            return
+        self._remote_check = None
+        if isinstance(event, Error):
+            if self.engine is None and self.remote is None:
+                self._timer.stop()
+            self.remote_failed.emit(event.message)
+            return
+        self.shutdown()
+        self.remote, self.last_load, self._remote_events = remote, None, queue.Queue()
+        self._timer.start()
+        self._dispatch(event)
+
     def _pump(self) -> None:
+        if self._remote_check is not None:
+            self._take_remote_answer()
         engine = self.engine
         source = engine.events if engine is not None else self._remote_events
         batch: list[Tokens] = []
@@ -179,6 +209,7 @@ class EngineClient(QObject):
         exitcode = engine.process.exitcode
         if drained and exitcode is not None and self.engine is engine:
             self._timer.stop()
+            self._engine_finalizer.detach()
             self.engine, self.info = None, None
             self.died.emit(exit_reason(exitcode))
 

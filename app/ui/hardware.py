@@ -4,12 +4,10 @@ import os
 import subprocess
 from dataclasses import dataclass
 
-from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware, LayerOverheads
+from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware
+from app.plan_cpu import CPU_HARDWARE
 
 GIB = 1 << 30
-# A desktop CPU as the compute device: dual-channel DDR5, copies inside RAM, a few AVX cores; eager torch
-# layers cost ~4 ms each there (the demo model on a 2-core CPU, bench/results/demo-model-cpu-*.json).
-CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=60e9, flops=1e12, overheads=LayerOverheads(4e-3, 4e-3))
 _SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,pcie.link.gen.max", "--format=csv,noheader,nounits"]
 
 
@@ -40,6 +38,19 @@ class Machine:
         return (self.gpu_bytes, *self.more_gpu_bytes) if self.gpu_bytes else ()
 
     @property
+    def budget_name(self) -> str:
+        """What the device budget is called: the GPU's memory, or (without a GPU) the machine's."""
+        return "GPU budget" if self.gpu_bytes else "Memory budget"
+
+    def in_words(self, message: str) -> str:
+        """A planner's or engine's message as this window says it: budgets by their slider's name, and no
+        GPU named on a machine that has none."""
+        message = message.replace("--gpu-budget", "the GPU budget").replace("--ram-budget", "the RAM budget")
+        if not self.gpu_bytes:
+            message = message.replace("GPU budget", "memory budget").replace("GPU memory", "memory")
+        return message
+
+    @property
     def hardware(self) -> Hardware:
         """The performance model's rates: the card's datasheet bandwidth where its name is known."""
         if not self.gpu_bytes:
@@ -51,7 +62,7 @@ class Machine:
     def describe(self) -> str:
         ram = f"{self.ram_bytes / GIB:.0f} GiB RAM"
         if not self.gpu_bytes:
-            return f"no NVIDIA GPU found: the model runs on the CPU · {ram}"
+            return f"no NVIDIA GPU found: the model runs on the CPU, in this machine's memory · {ram}"
         gen = f", PCIe Gen{self.pcie_gen}" if self.pcie_gen else ""
         more = "".join(f" + GPU {i} ({size / GIB:.0f} GiB)" for i, size in enumerate(self.more_gpu_bytes, start=1))
         return f"{self.gpu_name} ({self.gpu_bytes / GIB:.0f} GiB{gen}){more} · {ram}"

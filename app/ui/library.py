@@ -1,9 +1,10 @@
-"""The model library: local model folders (added by path or downloaded), one of them selected."""
+"""The model library: the bundled demo model and local model folders (added by path or downloaded), one of
+them selected, with a card that says what it is."""
 
 import json
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QFileDialog,
     QHBoxLayout,
@@ -23,6 +24,11 @@ from app.sizes import format_size
 from app.ui.app_settings import AppSettings
 
 MANIFEST = ".moechat.json"  # written by app.hub.write_manifest
+DEMO_TITLE = "Demo (tiny, answers are not reliable)"
+DEMO_CARD = ("<b>The demo model</b> is a 25 MB toy that ships with the app: a 6-layer GPT-OSS mixture of experts "
+             "(16 MXFP4 experts) and its DFlash drafter, trained on the Python standard library's documentation. "
+             "It shows the app at work (loading, expert offloading, speculation, the live charts) on any "
+             "machine; its answers imitate docstrings and are often wrong. Its card: resources/models/README.md.")
 
 
 def repo_of(folder: str) -> str | None:
@@ -47,11 +53,14 @@ class LibraryPanel(QWidget):
         self.settings = settings
         self.list = QListWidget()
         self.list.currentItemChanged.connect(self._on_current)
+        self.card = QLabel()
+        self.card.setWordWrap(True)
+        self.card.setProperty("role", "muted")
         self.problem = QLabel()
         self.problem.setWordWrap(True)
-        self.problem.setStyleSheet("color: #c92a2a")
+        self.problem.setProperty("role", "error")
         add = QPushButton("Add folder…")
-        add.clicked.connect(self._choose_folder)
+        add.clicked.connect(self.choose_folder)
         self.remove_button = QPushButton("Remove")
         self.remove_button.clicked.connect(self._remove_current)
         self.drafter_button = QPushButton()
@@ -64,15 +73,18 @@ class LibraryPanel(QWidget):
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("<b>Models on this machine</b>"))
         layout.addWidget(self.list)
+        layout.addWidget(self.card)
         layout.addWidget(self.problem)
         layout.addWidget(self.drafter_button)
         layout.addLayout(buttons)
+        if DEMO_MODEL.is_dir():
+            self._add_item(str(DEMO_MODEL))
         for path in settings.library:
             self._add_item(path)
-        if not settings.library and DEMO_MODEL.is_dir():
-            # Nothing installed yet: offer the bundled demo model, selected once the window is wired up.
-            self._add_item(str(DEMO_MODEL))
-            QTimer.singleShot(0, lambda: self.selected_path() or self.select(str(DEMO_MODEL)))
+        self._on_current(None)
+
+    def paths(self) -> list[str]:
+        return [self.list.item(row).data(Qt.ItemDataRole.UserRole) for row in range(self.list.count())]
 
     def selected_path(self) -> str | None:
         item = self.list.currentItem()
@@ -87,52 +99,58 @@ class LibraryPanel(QWidget):
             self.problem.setText(str(error))
             return False
         self.problem.clear()
-        if path not in self.settings.library:
+        if path not in self.paths():
             self.settings.add_model(path)
             self._add_item(path)
-            self._withdraw_demo()
         self.select(path)
         return True
 
-    def select(self, path: str) -> None:
-        for row in range(self.list.count()):
-            if self.list.item(row).data(Qt.ItemDataRole.UserRole) == path:
-                self.list.setCurrentRow(row)
-
-    def _withdraw_demo(self) -> None:
-        """The demo is offered only while nothing is installed."""
-        for row in range(self.list.count()):
-            path = self.list.item(row).data(Qt.ItemDataRole.UserRole)
-            if path == str(DEMO_MODEL) and path not in self.settings.library:
-                self.list.takeItem(row)
-                return
+    def select(self, path: str) -> bool:
+        """Select the model at `path`; False when the library does not have it."""
+        if path not in self.paths():
+            return False
+        self.list.setCurrentRow(self.paths().index(path))
+        return True
 
     def _add_item(self, path: str) -> None:
         try:
             detail = describe(ModelFolder.open(path))
         except UserError as error:
             detail = f"cannot be used: {error}"
-        name = repo_of(path) or Path(path).name
+        name = DEMO_TITLE if path == str(DEMO_MODEL) else repo_of(path) or Path(path).name
         item = QListWidgetItem(f"{name}\n{detail}")
         item.setData(Qt.ItemDataRole.UserRole, path)
         item.setToolTip(path)
         self.list.addItem(item)
 
-    def _choose_folder(self) -> None:
+    def choose_folder(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Add a model folder (config.json + *.safetensors)")
         if path:
             self.add_folder(path)
 
     def _remove_current(self) -> None:
+        """Take the selected model out of the library (its files stay; the bundled demo stays listed)."""
         path = self.selected_path()
-        if path is not None:
+        if path is not None and path != str(DEMO_MODEL):
             self.settings.remove_model(path)
             self.list.takeItem(self.list.currentRow())
 
     def _on_current(self, item: QListWidgetItem | None) -> None:
         path = item.data(Qt.ItemDataRole.UserRole) if item else None
         self._offer_drafter(path)
+        self.card.setText(self._card(path))
+        self.card.setVisible(path is not None)
+        self.remove_button.setEnabled(path is not None and path != str(DEMO_MODEL))
         self.model_selected.emit(path)
+
+    @staticmethod
+    def _card(path: str | None) -> str:
+        if path is None:
+            return ""
+        if path == str(DEMO_MODEL):
+            return DEMO_CARD
+        repo = repo_of(path)
+        return f"{f'From the hub: {repo} · ' if repo else ''}{path}"
 
     def _offer_drafter(self, path: str | None) -> None:
         """A known target's DFlash drafter, unless the library has it already."""

@@ -6,17 +6,8 @@ from PySide6.QtWidgets import QWidget
 
 from app.plan import Placement
 from app.sizes import format_size
+from app.ui.theme import current
 
-COLORS = {
-    "resident weights": "#4c6ef5",
-    "KV cache": "#15aabf",
-    "workspace": "#868e96",
-    "expert slots": "#f59f00",
-    "unused budget": "#d0ebff",
-    "free": "#e9ecef",
-    "pinned RAM experts": "#82c91e",
-    "on disk": "#c92a2a",
-}
 ROW_HEIGHT = 26
 LABEL_WIDTH = 70
 
@@ -63,6 +54,7 @@ class PlacementBar(QWidget):
         self.update()
 
     def paintEvent(self, event) -> None:
+        colours = current().placement
         painter = QPainter(self)
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
         width = self.width() - LABEL_WIDTH - 4
@@ -72,13 +64,13 @@ class PlacementBar(QWidget):
             painter.setPen(self.palette().text().color())
             painter.drawText(QRectF(0, y, LABEL_WIDTH, ROW_HEIGHT), Qt.AlignmentFlag.AlignVCenter, label)
             painter.setPen(Qt.PenStyle.NoPen)
-            painter.setBrush(QColor(COLORS["free"]))
+            painter.setBrush(QColor(colours["free"]))
             painter.drawRoundedRect(QRectF(LABEL_WIDTH, y, width, ROW_HEIGHT), 4, 4)
             x = float(LABEL_WIDTH)
             for name, size in segments:
                 span = width * size / capacity if capacity else 0
                 if span > 0:
-                    painter.setBrush(QColor(COLORS[name]))
+                    painter.setBrush(QColor(colours[name]))
                     painter.drawRect(QRectF(x, y, span, ROW_HEIGHT))
                     used_names.append(name)
                 x += span
@@ -88,7 +80,7 @@ class PlacementBar(QWidget):
             text_width = painter.fontMetrics().horizontalAdvance(name) + 22
             if x + text_width > self.width():
                 x, y = float(LABEL_WIDTH), y + 20
-            painter.setBrush(QColor(COLORS[name]))
+            painter.setBrush(QColor(colours[name]))
             painter.setPen(Qt.PenStyle.NoPen)
             painter.drawRect(QRectF(x, y + 4, 10, 10))
             painter.setPen(self.palette().text().color())

@@ -42,10 +42,10 @@ class SpeculationPanel(QWidget):
         self.block_size = QSpinBox()
         self.block_size.setRange(AUTO, MAX_BLOCK_SIZE)
         self.block_size.setSpecialValueText("auto")
-        self.note = QLabel("The drafter's memory comes out of the GPU budget (which can then go up to the "
-                           "whole device); the plan above is the target's.")
+        self.note = QLabel("The drafter's memory comes out of the GPU budget (its slider then ends at twice "
+                           "the target's whole plan); the plan above is the target's.")
         self.note.setWordWrap(True)
-        self.note.setStyleSheet("color: #6b7280")
+        self.note.setProperty("role", "muted")
         drafter_row = QHBoxLayout()
         drafter_row.addWidget(self.drafter, 1)
         drafter_row.addWidget(self.browse_button)
@@ -70,6 +70,16 @@ class SpeculationPanel(QWidget):
         elif self.drafter.text() == str(DEMO_DRAFTER):
             self.drafter.clear()
             self.method.setCurrentIndex(self.method.findData("off"))
+        self._show_fields()
+
+    def set_options(self, spec: str, drafter: str | None, block_size: int | None) -> None:
+        """Show LoadModel's speculation fields (a method this model does not offer stays off)."""
+        index = self.method.findData(spec)
+        if index < 0 or not self.method.model().item(index).isEnabled():
+            index = self.method.findData("off")
+        self.drafter.setText(drafter or "")
+        self.block_size.setValue(block_size or AUTO)
+        self.method.setCurrentIndex(index)
         self._show_fields()
 
     def options(self) -> dict:

@@ -3,10 +3,13 @@ model, the plan and the predicted speed following the sliders, impossible plans 
 
 import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel
 
 from app.engine.protocol import LoadModel
 from app.model_folder import ModelFolder
-from app.plan import ModelFacts, plan_placement
+from app.paths import DEMO_MODEL
+from app.plan import ModelFacts, plan_placement, predict_decode
+from app.plan_cpu import CPU_HARDWARE
 from app.ui.budget import STEPS
 from app.ui.hardware import GIB, Machine
 
@@ -78,11 +81,36 @@ def test_a_folder_that_is_not_a_model_is_explained(panel, tmp_path):
     assert "config.json is missing" in budget.title.text() and not budget.load_button.isEnabled()
 
 
-def test_without_a_gpu_both_budgets_come_from_ram_and_a_plan_past_it_is_a_warning(panel, gpt_oss_20b):
+def test_without_a_gpu_the_panel_says_memory_and_plans_for_the_cpu(panel, gpt_oss_20b):
     budget = panel(NO_GPU, gpt_oss_20b)
-    assert budget.device_name == "CPU" and budget.gpu_max == 16 * GIB  # float32 on the CPU: 20 GB for all of it
-    assert budget.placement.device_bytes <= 0.9 * 16 * GIB
+    assert budget.gpu_label.text().startswith("Memory budget") and budget.ram_label.text().startswith("RAM expert")
+    assert budget.gpu_max == 16 * GIB  # float32 on the CPU: 20 GB for all of it
+    facts = ModelFacts.from_folder(ModelFolder.open(gpt_oss_20b))
+    assert budget.prediction == predict_decode(facts, budget.placement, 4, CPU_HARDWARE)  # float32, the CPU's rates
+    # both budgets are RAM here: the plan the panel starts with fits in it, both together
+    assert budget.placement.device_bytes + budget.placement.host_bytes <= 0.9 * 16 * GIB
+    assert not budget.warning.isVisible()
+    budget.ram_slider.setValue(STEPS)
     assert budget.warning.isVisible() and "exceed this machine's 16.00 GiB of RAM" in budget.warning.text()
     assert budget.load_button.isEnabled()  # loading anyway stays possible
-    budget.ram_slider.setValue(0)
-    assert not budget.warning.isVisible()
+    budget.gpu_slider.setValue(STEPS // 100)
+    assert "This plan cannot run: memory budget" in budget.refusal.text()
+    shown = [label.text() for label in budget.findChildren(QLabel) if label is not budget.machine_label]
+    assert not [text for text in shown if "GPU" in text], shown  # the machine has none: no message names one
+
+
+def test_the_sliders_scale_to_a_tiny_model(panel):
+    """The demo (25 MB) on a 16 GiB machine: the device slider ends where the whole plan fits (twice that
+    with speculation, for the drafter), not at the machine's 16 GiB, so its steps are of use."""
+    budget = panel(NO_GPU, str(DEMO_MODEL))
+    assert budget.speculation.options()["spec"] == "dflash"  # the demo comes with its drafter
+    everything = plan_placement(budget.facts, None, None, budget.context.currentData(), 4)
+    assert budget.gpu_max == 2 * everything.device_bytes < 1 * GIB
+    runnable = 0
+    for value in range(0, STEPS + 1, 10):
+        budget.gpu_slider.setValue(value)
+        runnable += budget.placement is not None
+    assert runnable >= 50  # at least half of the slider's travel is a plan that runs
+    budget.speculation.method.setCurrentIndex(budget.speculation.method.findData("off"))
+    assert budget.gpu_max == everything.device_bytes
+    assert budget.ram_max == budget.facts.total_experts * budget.facts.expert_bytes

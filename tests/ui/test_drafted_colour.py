@@ -5,11 +5,15 @@ from app.chats import ChatStore
 from app.engine.protocol import Done, Loaded, LoadModel, SpecStep, Tokens
 from app.ui.conversation import Answer
 from app.ui.main_window import MainWindow
-from app.ui.message_html import DRAFTED_COLOUR, markdown_html
+from app.ui.message_html import markdown_html
+from app.ui.theme import current
 from tests.ui.test_engine_client import StandInEngine
 from tests.ui.test_window_with_engine import CPU_ONLY
 
-DRAFTED = f'<span style="color:{DRAFTED_COLOUR}">'
+
+def drafted() -> str:
+    """The opening tag of drafted text in the theme in force."""
+    return f'<span style="color:{current().drafted}">'
 
 
 def spec(accepted: int) -> SpecStep:
@@ -27,7 +31,7 @@ def test_an_answer_knows_which_text_came_from_steps_with_accepted_drafts(tmp_pat
     assert answer.text == "one two three four" and answer.drafted_spans == [[4, 13]]
     assert answer.finish(Done("stop", {}, 1))["drafted_spans"] == [[4, 13]]
     html, _ = markdown_html(answer.text, answer.drafted_spans)
-    assert html == f"<p>one {DRAFTED}two three</span> four</p>\n"
+    assert html == f"<p>one {drafted()}two three</span> four</p>\n"
     store.close()
 
 
@@ -50,21 +54,21 @@ def test_drafted_text_is_coloured_when_the_setting_is_on_and_not_when_off(qtbot,
         return window.chat.view.widgets[-1].body.text()
 
     qtbot.waitUntil(lambda: "guessed" in body())
-    assert DRAFTED not in body()
+    assert drafted() not in body()
     window.chat_settings.colour_drafted.setChecked(True)
-    assert f"plain {DRAFTED}guessed</span>" in body()  # while it streams
+    assert f"plain {drafted()}guessed</span>" in body()  # while it streams
 
     events.put(Done("stop", {}, request_id))
     qtbot.waitUntil(lambda: window.chat.answer is None)
-    assert f"plain {DRAFTED}guessed</span>" in body()  # stored with the message
+    assert f"plain {drafted()}guessed</span>" in body()  # stored with the message
     assert window.store.branch(window.chat.chat_id)[-1].stats["drafted_spans"] == [[6, 13]]
     window.chat_settings.colour_drafted.setChecked(False)
-    assert DRAFTED not in body() and "plain guessed" in body()
+    assert drafted() not in body() and "plain guessed" in body()
     window.close()
 
 
 def test_colouring_keeps_the_markdown_blocks_it_crosses():
     text = "# Title\n- item one\n\n```py\nx = 1\n```\n"
     html, blocks = markdown_html(text, [[0, len(text)]])
-    assert html.startswith(f"<h1>{DRAFTED}Title</span></h1>\n<ul>\n<li>{DRAFTED}item one</span></li>")
-    assert f"<pre>{DRAFTED}x = 1</span></pre>" in html and blocks == ["x = 1\n"]
+    assert html.startswith(f"<h1>{drafted()}Title</span></h1>\n<ul>\n<li>{drafted()}item one</span></li>")
+    assert f"<pre>{drafted()}x = 1</span></pre>" in html and blocks == ["x = 1\n"]

@@ -6,13 +6,15 @@ from types import SimpleNamespace
 
 import pytest
 
+from app.answer_figures import stats_line
 from app.chats import ChatStore
 from app.engine.protocol import Done, StepStats, Tokens
+from app.plan_cpu import CPU_HARDWARE
 from app.ui.charts import RESIDENCY, LiveCharts
 from app.ui.conversation import Answer, engine_messages, title_for
-from app.ui.hardware import CPU_HARDWARE, GIB, Machine, detect_machine, total_ram
+from app.ui.hardware import GIB, Machine, detect_machine, total_ram
 from app.ui.live_stats import LiveStats
-from app.ui.message_html import markdown_html, stats_line
+from app.ui.message_html import markdown_html
 
 
 @pytest.fixture

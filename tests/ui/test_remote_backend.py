@@ -1,15 +1,18 @@
 """The real window chatting through a remote backend: a real `moechat serve` subprocess, no local engine."""
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import openai
 import pytest
 from PySide6.QtCore import Qt
 
+from app.answer_figures import stats_line
 from app.chats import ChatStore
 from app.engine.protocol import Done, Tokens
 from app.ui.conversation import Answer
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
-from app.ui.message_html import stats_line
 
 CPU_ONLY = Machine(ram_bytes=16 * GIB)
 
@@ -73,7 +76,7 @@ def test_stopping_a_remote_answer_ends_its_generation_on_the_server(window, qtbo
 
 
 def test_a_wrong_key_is_said_in_the_banner(window, qtbot, served_tiny_gpt_oss):
-    with qtbot.waitSignal(window.client.error, timeout=30_000):
+    with qtbot.waitSignal(window.client.remote_failed, timeout=30_000):
         connect(window, qtbot, served_tiny_gpt_oss, "not-the-key")
     assert window.banner.isVisible() and "401: invalid API key" in window.banner.reason.text()
     assert not window.chat.send_button.isEnabled()
@@ -87,3 +90,29 @@ def test_figures_a_remote_does_not_give_are_unavailable_not_zero(tmp_path):
     stats = answer.finish(Done("stop", {"remote": True, "completion_tokens": None, "ttft_s": 0.25}, 1))
     assert stats_line(stats) == "tok/s unavailable · first token 0.25 s · tokens unavailable · finished"
     store.close()
+
+
+def test_a_server_that_does_not_speak_the_api_is_said_in_the_banner(window, qtbot):
+    class NotTheApi(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = b"<html>a web page</html>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotTheApi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        window.remote_panel.base_url.setText(f"http://127.0.0.1:{server.server_port}/v1")
+        window.remote_panel.model.setText("any")
+        with qtbot.waitSignal(window.client.remote_failed, timeout=30_000) as failed:
+            qtbot.mouseClick(window.remote_panel.connect_button, Qt.MouseButton.LeftButton)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "gave an answer that cannot be read" in failed.args[0] and window.banner.isVisible()
+    assert window.client.remote is None

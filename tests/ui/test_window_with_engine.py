@@ -1,10 +1,12 @@
 """The real window with a real engine process on the tiny model: load exactly the plan on screen,
-stream, stop, regenerate, edit, find the history after a restart, survive a killed engine.
+stream, keep the local model when a remote cannot be reached, stop, regenerate, edit, continue an answer
+cut at its limit, find the history after a restart, survive a killed engine, end it with Ctrl+Q.
 
 One engine serves the module (the tests run in order and build one chat); the last test kills it."""
 
 import os
 import signal
+import socket
 
 import pytest
 from PySide6.QtCore import Qt
@@ -89,6 +91,37 @@ def test_a_message_streams_in_and_is_stored_with_its_figures(window, qtbot):
     qtbot.waitUntil(lambda: charts <= set(window.charts.plots), timeout=5000)
 
 
+def test_the_composer_shows_how_much_context_the_chat_fills(window, qtbot):
+    answer = window.store.branch(window.chat.chat_id)[-1]
+    context = window.client.info["context"]
+    assert answer.stats["context_tokens"] > answer.stats["tokens"]  # the prompt's tokens and the answer's
+    meter = window.chat.meter
+    assert meter.isVisible() and meter.label.text().startswith(f"Context {answer.stats['context_tokens']:,} of "
+                                                               f"{context:,} tokens")
+    window.chat.composer.setPlainText("x" * 400)  # not sent yet: about a hundred tokens more, estimated
+    assert meter.label.text().startswith(f"Context ≈ {answer.stats['context_tokens'] + 100:,} of")
+    window.chat.composer.clear()
+
+
+def test_an_unreachable_remote_leaves_the_local_model_loaded(window, qtbot):
+    engine, info, status = window.client.engine, window.client.info, window.engine_status.text()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there
+    window.remote_panel.base_url.setText(f"http://127.0.0.1:{port}/v1")
+    window.remote_panel.model.setText("gpt-oss-120b")
+    with qtbot.waitSignal(window.client.remote_failed, timeout=30_000) as failed:
+        qtbot.mouseClick(window.remote_panel.connect_button, Qt.MouseButton.LeftButton)
+    assert f"cannot reach http://127.0.0.1:{port}/v1" in failed.args[0]
+    assert window.client.engine is engine and engine.process.is_alive() and window.client.remote is None
+    assert window.client.info == info and window.engine_status.text() == status
+    assert window.banner.isVisible() and "The model loaded before stays loaded." in window.banner.reason.text()
+    assert window.settings.remote is None  # a server that failed is not offered next time
+    ask(window, qtbot, "Still there?", max_tokens=4)
+    wait_for_answer(window, qtbot)
+    assert window.store.branch(window.chat.chat_id)[-1].complete
+
+
 def test_stop_keeps_the_partial_answer(window, qtbot):
     ask(window, qtbot, "Tell me a long story", max_tokens=2000)
     wait_for_tokens(window, qtbot, 3)
@@ -132,7 +165,22 @@ def test_edit_makes_a_branch_and_keeps_the_old_one(window, qtbot):
     assert [w.message_id for w in window.chat.view.widgets] == [m.id for m in back]
 
 
-def test_the_history_is_there_after_a_restart(window, qtbot, data_dir):
+def test_continue_writes_on_an_answer_that_stopped_at_its_limit(window, qtbot):
+    ask(window, qtbot, "Tell me a long story", max_tokens=5)
+    wait_for_answer(window, qtbot)
+    cut = window.store.branch(window.chat.chat_id)[-1]
+    assert cut.stats["stop_reason"] == "length"
+    qtbot.waitUntil(lambda: last_widget(window).continue_button.isVisible())
+    qtbot.mouseClick(last_widget(window).continue_button, Qt.MouseButton.LeftButton)
+    assert last_widget(window).continue_button.isHidden()  # one answer at a time
+    wait_for_answer(window, qtbot)
+    continued = window.store.branch(window.chat.chat_id)[-1]
+    assert continued.id == cut.id  # the same message, written on
+    assert continued.content.startswith(cut.content) and continued.stats["tokens"] > cut.stats["tokens"]
+    assert continued.reasoning.startswith(cut.reasoning)
+
+
+def test_the_history_is_there_after_a_restart(window, qtbot, data_dir, tiny_gpt_oss):
     chat_id = window.chat.chat_id
     expected = [(m.role, m.content) for m in window.store.branch(chat_id)]
     again = MainWindow(data_dir, machine=CPU_ONLY)
@@ -140,7 +188,8 @@ def test_the_history_is_there_after_a_restart(window, qtbot, data_dir):
     again.show()
     assert again.chats.list.count() == 1 and again.chat.chat_id == chat_id
     assert [(w.role, w.text) for w in again.chat.view.widgets] == expected
-    assert again.library.selected_path() is None and again.library.list.count() == 1
+    qtbot.waitUntil(lambda: again.library.selected_path() == str(tiny_gpt_oss.resolve()))  # the last model loaded
+    assert again.library.list.count() == 2 and not again.client.running  # beside the demo; loaded only by the app
     again.close()
 
 
@@ -163,3 +212,12 @@ def test_a_killed_engine_leaves_the_window_working(window, qtbot):
     wait_for_answer(window, qtbot)
     answer = window.store.branch(window.chat.chat_id)[-1]
     assert answer.complete and answer.stats["tokens"] >= 1
+
+
+def test_ctrl_q_ends_the_engine_with_the_window(window, qtbot):
+    process = window.client.engine.process
+    with qtbot.waitActive(window):
+        window.activateWindow()  # a shortcut works in the active window
+    qtbot.keyClick(window.chat.composer, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
+    assert not window.isVisible() and window.client.engine is None
+    assert process.exitcode is not None and not process.is_alive()

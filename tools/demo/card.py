@@ -18,6 +18,7 @@ def write_card(folder: Path) -> Path:
     mean = routing["mean_over_layers"]
     engine = routing["engine_cache_hit_rate"]
     reports = _bench_reports()
+    sampling = json.loads((folder / "demo-gpt-oss" / "generation_config.json").read_text())
     lines = [
         "# MoE Chat demo model: `demo-gpt-oss` + `demo-gpt-oss-dflash`",
         "",
@@ -29,6 +30,11 @@ def write_card(folder: Path) -> Path:
         "    moechat generate demo --chat --prompt \"What does \\`json.dumps\\` do?\"",
         "    moechat generate demo --chat --prompt \"How is \\`textwrap.dedent\\` implemented?\" "
         "--spec dflash --drafter demo --block-size 8",
+        "",
+        "## Sampling",
+        f"`demo-gpt-oss/generation_config.json` asks for temperature {sampling['temperature']}, top-p "
+        f"{sampling['top_p']} and at most {sampling['max_new_tokens']} new tokens, and the desktop app starts a "
+        "chat with the demo that way: at temperature 1.0 its answers fall apart into word salad.",
         "",
         "## Data",
         f"The docstrings and source code of Python {training['python']}'s standard library and the pydoc "

@@ -3,6 +3,7 @@ trained through transformers' GptOssForCausalLM, its experts fine-tuned with MXF
 loop (straight-through) for the last part of training, and exported in the published layout.
 """
 
+import json
 import math
 import time
 from dataclasses import dataclass
@@ -29,6 +30,9 @@ SMOKE_SIZES = {
     "experts_per_token": 2, "sliding_window": 16, "vocab_size": 512,
 }
 EXPERT_MATRICES = ("gate_up_proj", "down_proj")
+# The demo's sampling defaults (generation_config.json, read by the app for a new chat): at temperature 1.0
+# its answers fall apart into word salad; at 0.3 they keep to sentences in its docstrings' style.
+SAMPLING = {"temperature": 0.3, "top_p": 0.9, "max_new_tokens": 256}
 
 
 @dataclass(frozen=True)
@@ -195,4 +199,7 @@ def export_target(model: GptOssForCausalLM, config: dict, folder: Path) -> Path:
             experts[name] = tensor.to(torch.bfloat16).contiguous()
         else:
             dense[name] = tensor.to(torch.bfloat16).contiguous()
-    return write_gpt_oss_folder(folder, config, dense, experts)
+    folder = write_gpt_oss_folder(folder, config, dense, experts)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, **SAMPLING}, indent=2))
+    return folder
