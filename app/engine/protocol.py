@@ -1,7 +1,11 @@
 """Messages between the engine and its front doors (CLI, desktop app, server). No torch here."""
 
 import multiprocessing
+import os
+import signal
 from dataclasses import dataclass, field
+
+HEARTBEAT_S = 1.0  # how often the engine process says it is alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +128,16 @@ class StepStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Sent every HEARTBEAT_S by a thread of the engine process, busy or not: silence means it is stopped
+    or hung."""
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
-    """kind: "load", "request" (bad input), "cancelled" or "internal"; message is one readable line."""
+    """kind: "load", "request" (bad input), "cancelled", "oom", "internal" (the request raised; the engine
+    goes on) or "unavailable" (the engine process died or hung: the front door restarts it); message is one
+    readable line."""
 
     kind: str
     message: str
@@ -162,6 +174,8 @@ def spawn_engine() -> EngineProcess:
 
 
 def _run_engine(requests, events) -> None:
-    from app.engine.process import engine_main
+    from app.engine.process import engine_main, keep_in_touch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group: the owner ends this
+    keep_in_touch(events, os.getppid())
     engine_main(requests, events)
