@@ -41,10 +41,11 @@ def check_seed(value: int | None) -> int | None:
 
 
 def check_text(text: str) -> str:
-    """Text that can be tokenized: a lone UTF-16 surrogate (JSON's "\\ud800") cannot be."""
+    """Text that can be tokenized: a lone surrogate (JSON's "\\ud800" alone, or an argument's bytes that
+    are not UTF-8) cannot be."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise UserError(f"the text has a lone UTF-16 surrogate ({text[error.start]!a}) at character "
-                        f"{error.start}: send valid Unicode") from None
+        raise UserError(f"the text is not valid Unicode: a lone surrogate ({text[error.start]!a}) at character "
+                        f"{error.start}") from None
     return text

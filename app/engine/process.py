@@ -7,9 +7,7 @@ No request can end the engine: whatever one raises becomes an Error event for th
 batch step, for the requests in that step), and the engine goes on with the others.
 """
 
-import os
 import queue
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -20,12 +18,10 @@ import torch
 from app.engine.batch import Batch
 from app.engine.prompts import PromptWorker
 from app.engine.protocol import (
-    HEARTBEAT_S,
     Cancel,
     Done,
     Error,
     Generate,
-    Heartbeat,
     Loaded,
     LoadModel,
     LoadProgress,
@@ -316,20 +312,6 @@ def engine_main(requests, events) -> None:
             server.step()
         elif inbox:  # idle, the first request waits for its prompt ids: sleep until they (or a request) come
             file(requests.get())
-
-
-def keep_in_touch(events, parent_pid: int) -> None:
-    """From a thread: a Heartbeat every HEARTBEAT_S, so that the front door can tell a stopped or hung
-    process from a busy one; and the end of this process once its parent is gone (killed: no one would
-    ever stop it, and it holds the model's memory)."""
-
-    def beat() -> None:
-        while os.getppid() == parent_pid:
-            events.put(Heartbeat())
-            time.sleep(HEARTBEAT_S)
-        os._exit(0)
-
-    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
 def _prompt_ids(session: Session | None, request: Generate) -> list[int]:
