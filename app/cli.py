@@ -6,9 +6,9 @@ import json
 import sys
 from dataclasses import asdict
 
+from app import cli_arguments as arguments
 from app.engine.spec.options import METHODS as SPEC_METHODS
 from app.errors import UserError
-from app.sizes import parse_size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args)
     except UserError as error:
-        print(f"moechat: error: {error}", file=sys.stderr)
+        print(f"moechat: error: {' '.join(str(error).split())}", file=sys.stderr)  # one line, whatever it quotes
         return 1
     except KeyboardInterrupt:
         print("moechat: interrupted", file=sys.stderr)
@@ -24,10 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError:
         print("moechat: error: out of memory: lower --gpu-budget / --ram-budget or the context", file=sys.stderr)
         return 1
+    except OSError as error:  # a file or device the system refused: say which, in one line
+        where = f" ({error.filename})" if error.filename else ""
+        print(f"moechat: error: {error.strerror or error}{where}", file=sys.stderr)
+        return 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="moechat", description="Chat with large Mixture-of-Experts models. "
+    parser = arguments.OneLineParser(prog="moechat", description="Chat with large Mixture-of-Experts models. "
                                      "`moechat` with no command opens the desktop app.")
     parser.set_defaults(run=_run_app)
     commands = parser.add_subparsers(title="commands")
@@ -36,26 +40,27 @@ def _parser() -> argparse.ArgumentParser:
     generate.set_defaults(run=_run_generate)
     generate.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
     source = generate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--prompt", help="prompt text")
-    source.add_argument("--prompt-ids", type=_token_ids, help="raw token ids, e.g. 1,2,3 (no tokenizer, no template)")
+    source.add_argument("--prompt", type=arguments.text, help="prompt text")
+    source.add_argument("--prompt-ids", type=arguments.token_ids,
+                        help="raw token ids, e.g. 1,2,3 (no tokenizer, no template)")
     generate.add_argument("--chat", action="store_true", help="wrap --prompt as a user message in the chat template")
-    generate.add_argument("--system", help="system message (with --chat)")
+    generate.add_argument("--system", type=arguments.text, help="system message (with --chat)")
     generate.add_argument("--reasoning-effort", choices=("low", "medium", "high"), help="gpt-oss reasoning effort")
-    generate.add_argument("--max-new-tokens", type=_positive_int, default=256)
-    generate.add_argument("--temperature", type=float, default=0.0)
-    generate.add_argument("--top-k", type=int, default=0)
-    generate.add_argument("--top-p", type=float, default=1.0)
-    generate.add_argument("--seed", type=int)
+    generate.add_argument("--max-new-tokens", type=arguments.positive_int, default=256)
+    generate.add_argument("--temperature", type=arguments.temperature, default=0.0, help="0 (greedy) or 0.001 … 2")
+    generate.add_argument("--top-k", type=arguments.top_k, default=0, help="0: no limit")
+    generate.add_argument("--top-p", type=arguments.top_p, default=1.0, help="above 0, at most 1")
+    generate.add_argument("--seed", type=arguments.seed, help="0 … 2^64 - 1")
     generate.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     generate.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
-    generate.add_argument("--gpu-budget", type=_sizes,
+    generate.add_argument("--gpu-budget", type=arguments.sizes,
                           help="bytes the engine may use on the device, e.g. 8G; one per GPU to spread the experts "
                                "over several, e.g. 20G,20G")
-    generate.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
+    generate.add_argument("--ram-budget", type=arguments.size, help="bytes of host RAM for the expert store, e.g. 32G")
     generate.add_argument("--spec", choices=SPEC_METHODS, default="off",
                           help="speculative decoding: a DFlash drafter (--drafter), or GLM's own MTP layer")
     generate.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash); demo: the demo model's")
-    generate.add_argument("--block-size", type=_positive_int,
+    generate.add_argument("--block-size", type=arguments.positive_int,
                           help="positions every speculative step verifies (default: chosen per step by cost)")
     generate.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
@@ -63,21 +68,35 @@ def _parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_run_serve)
     serve.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (not loopback: needs --api-key)")
-    serve.add_argument("--port", type=_positive_int, default=8000)
-    serve.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
+    serve.add_argument("--port", type=arguments.port, default=8000)
+    serve.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (every local user sees a "
+                                         f"key given here: prefer --api-key-file or ${arguments.API_KEY_VARIABLE})")
+    serve.add_argument("--api-key-file", help="read the API key from the first line of this file")
+    serve.add_argument("--cors-origin", action="append", default=[],
+                       help="a web page origin (e.g. http://localhost:3000, or *) whose scripts may call the API; "
+                            "repeat for several (default: none, cross-origin browser requests are refused)")
+    serve.add_argument("--docs", action="store_true", help="serve /docs, /redoc and /openapi.json (behind the key)")
     serve.add_argument("--model-name", help="the model's id in the API (default: the folder's name)")
-    serve.add_argument("--context", type=_positive_int, default=4096,
+    serve.add_argument("--context", type=arguments.positive_int, default=4096,
                        help="KV cache tokens, shared by the requests decoding together (one may use them all)")
-    serve.add_argument("--max-batch", type=_positive_int, default=8, help="requests decoded together")
-    serve.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond those; more get 429")
+    serve.add_argument("--max-batch", type=arguments.positive_int, default=8, help="requests decoded together")
+    serve.add_argument("--max-queue", type=arguments.bounded_int(0, 1 << 20), default=16,
+                       help="requests waiting beyond those; more get 429")
+    serve.add_argument("--default-max-tokens", type=arguments.positive_int, default=1024,
+                       help="the answer length of a request that gives no max_tokens, at most --context (so that "
+                            "requests share the KV cache)")
+    serve.add_argument("--max-body", type=arguments.size, default="8M",
+                       help="the largest request body accepted; larger ones get 413")
+    serve.add_argument("--engine-timeout", type=arguments.positive_seconds, default=30.0,
+                       help="seconds without a sign of life from the engine process before it is restarted")
     serve.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     serve.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
-    serve.add_argument("--gpu-budget", type=_size, help="bytes the engine may use on the device, e.g. 8G")
-    serve.add_argument("--ram-budget", type=_size, help="bytes of host RAM for the expert store, e.g. 32G")
+    serve.add_argument("--gpu-budget", type=arguments.size, help="bytes the engine may use on the device, e.g. 8G")
+    serve.add_argument("--ram-budget", type=arguments.size, help="bytes of host RAM for the expert store, e.g. 32G")
     serve.add_argument("--spec", choices=SPEC_METHODS, default="off",
                        help="speculative decoding (then one request at a time): DFlash (--drafter) or GLM's MTP")
     serve.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash)")
-    serve.add_argument("--block-size", type=_positive_int, help="positions every speculative step verifies")
+    serve.add_argument("--block-size", type=arguments.positive_int, help="positions every speculative step verifies")
 
     download = commands.add_parser("download", help="download a model from the Hugging Face hub (resumable)")
     download.set_defaults(run=_run_download)
@@ -88,50 +107,25 @@ def _parser() -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="show where a model's bytes go under the given budgets")
     plan.set_defaults(run=_run_plan)
     plan.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
-    plan.add_argument("--gpu-budget", type=_sizes, required=True, help="e.g. 8G, or one per GPU: 20G,20G")
-    plan.add_argument("--ram-budget", type=_size, required=True)
-    plan.add_argument("--context", type=_positive_int, default=4096)
+    plan.add_argument("--gpu-budget", type=arguments.sizes, required=True, help="e.g. 8G, or one per GPU: 20G,20G")
+    plan.add_argument("--ram-budget", type=arguments.size, required=True)
+    plan.add_argument("--context", type=arguments.positive_int, default=4096)
     plan.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     plan.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                       help="the device generate will run on (on cuda, dense FP8 weights stay FP8); cpu predicts "
                            "with the desktop app's CPU rates")
     plan.add_argument("--pcie-gen", type=int, choices=(3, 4, 5), help="PCIe generation of the x16 link (default 4)")
-    plan.add_argument("--memory-bandwidth", type=_size,
+    plan.add_argument("--memory-bandwidth", type=arguments.positive_size,
                       help="device memory bandwidth per second, e.g. 1000GB (RTX 4090, the default), 4800GB (H200)")
     plan.add_argument("--json", action="store_true")
     return parser
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except UserError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _sizes(text: str) -> int | tuple[int, ...]:
-    """One size, or several separated by commas (a budget per GPU)."""
-    sizes = tuple(_size(part) for part in text.split(","))
-    return sizes if len(sizes) > 1 else sizes[0]
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number ≥ 1")
-    return int(text)
-
-
-def _token_ids(text: str) -> list[int]:
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not all(part.lstrip("-").isdigit() for part in parts):
-        raise argparse.ArgumentTypeError(f"'{text}' is not a comma-separated list of token ids, e.g. 1,2,3")
-    return [int(part) for part in parts]
 
 
 def _run_generate(args) -> int:
     from app.engine.sampling import SamplingParams
     from app.engine.session import Prompt, Session, collect
     from app.engine.spec.options import SpecOptions
+    from app.model_folder import ModelFolder
     from app.paths import resolve_model
 
     if args.prompt_ids is not None:
@@ -144,6 +138,7 @@ def _run_generate(args) -> int:
         prompt = Prompt(text=args.prompt)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     drafter = resolve_model(args.drafter, drafter=True) if args.drafter else None
+    ModelFolder.open(resolve_model(args.model)).check_context(args.max_new_tokens, "--max-new-tokens")
     session, ids = Session.open(
         resolve_model(args.model), prompt, args.max_new_tokens, spec=SpecOptions(args.spec, drafter, args.block_size),
         device=args.device, dtype=dtype, gpu_budget=args.gpu_budget, ram_budget=args.ram_budget,
@@ -172,17 +167,19 @@ def _run_serve(args) -> int:
     from app.engine.spec.options import SpecOptions
     from app.model_folder import ModelFolder
     from app.paths import resolve_model
-    from app.server.serve import serve
+    from app.server.serve import ServerOptions, serve
 
-    if args.max_queue < 0:
-        raise UserError("--max-queue must be 0 or more")
     folder = ModelFolder.open(resolve_model(args.model))
+    folder.check_context(args.context, "--context")
+    options = ServerOptions(args.host, args.port, arguments.api_key(args.api_key, args.api_key_file),
+                            args.model_name or Path(folder.path).name, args.max_queue, tuple(args.cors_origin),
+                            args.docs, args.max_body, args.default_max_tokens, args.engine_timeout)
     drafter = resolve_model(args.drafter, drafter=True) if args.drafter else None
     spec = SpecOptions(args.spec, drafter, args.block_size)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     request = LoadModel(str(folder.path), args.device, dtype, args.gpu_budget, args.ram_budget, args.context,
                         spec.method, spec.drafter, spec.block_size, args.max_batch)
-    serve(request, args.host, args.port, args.api_key, args.model_name or Path(folder.path).name, args.max_queue)
+    serve(request, options)
     return 0
 
 
@@ -257,9 +254,14 @@ def _run_download(args) -> int:
         print(f"\r{progress.file}: {format_size(progress.done)} of {format_size(progress.total)}, "
               f"{format_size(progress.speed_bps)}/s {eta}   ", end="", file=sys.stderr, flush=True)
 
-    download.run(report)
+    try:
+        completed = download.run(report)
+    finally:
+        print(file=sys.stderr)  # ends the progress line
+    if not completed:
+        raise UserError("the download stopped before every file was verified: run it again to resume")
     write_manifest(download)
-    print(f"\ndone: {download.folder}", file=sys.stderr)
+    print(f"done: {download.folder} ({len(download.files)} files verified)", file=sys.stderr)
     if repo_id in KNOWN_DRAFTERS:
         print(f"a DFlash drafter exists for this model: moechat download {KNOWN_DRAFTERS[repo_id]}", file=sys.stderr)
     return 0

@@ -55,6 +55,8 @@ class ModelFolder:
     def open(cls, path: str | Path, any_model_type: bool = False) -> "ModelFolder":
         """`any_model_type` admits folders that are not targets (a drafter's `model_type` varies)."""
         path = Path(path)
+        if path.is_file():
+            raise UserError(f"'{path}' is a file: give the model's folder (the one holding config.json)")
         if not path.is_dir():
             raise UserError(f"model folder '{path}' does not exist")
         config = _read_json(path / "config.json", required=True)
@@ -69,6 +71,18 @@ class ModelFolder:
     @property
     def model_type(self) -> str:
         return self.config["model_type"]
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model was made for, when config.json says (max_position_embeddings)."""
+        value = self.config.get("max_position_embeddings")
+        return value if isinstance(value, int) and value > 0 else None
+
+    def check_context(self, tokens: int, what: str) -> None:
+        """Refuse `tokens` of context (named `what` in the message) past what the model was made for."""
+        if self.max_positions is not None and tokens > self.max_positions:
+            raise UserError(f"{what} {tokens} is more than this model's context ({self.max_positions} tokens, "
+                            "max_position_embeddings in config.json)")
 
     def stop_token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -91,15 +105,22 @@ def _read_json(path: Path, required: bool) -> dict:
             raise UserError(f"{path.name} is missing in '{path.parent}': this is not a Hugging Face model folder")
         return {}
     try:
-        return json.loads(path.read_text())
+        content = json.loads(path.read_text())
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise UserError(f"{path} is not valid JSON ({error}): {_REDOWNLOAD}") from None
+    if not isinstance(content, dict):
+        raise UserError(f"{path} holds a JSON {type(content).__name__} where an object {{...}} belongs: {_REDOWNLOAD}")
+    return content
 
 
 def _read_tensor_table(folder: Path) -> dict[str, TensorInfo]:
     index_path = folder / INDEX_FILE
     if index_path.is_file():
         weight_map = _read_json(index_path, required=True).get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise UserError(f"the weight_map in {index_path} is not a table of tensor names to files: {_REDOWNLOAD}")
         files = sorted(set(weight_map.values()))
     else:
         weight_map = None
@@ -120,21 +141,13 @@ def _read_tensor_table(folder: Path) -> dict[str, TensorInfo]:
 def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
     if not path.is_file():
         raise UserError(f"checkpoint file {path.name} is missing in '{path.parent}': {_REDOWNLOAD}")
-    file_size = path.stat().st_size
-    with path.open("rb") as handle:
-        prefix = handle.read(8)
-        header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
-        if header_size < 2 or 8 + header_size > file_size:
-            raise UserError(f"checkpoint file {path} is truncated or not a safetensors file: {_REDOWNLOAD}")
-        try:
-            header = json.loads(handle.read(header_size))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UserError(f"checkpoint file {path} has a corrupt header: {_REDOWNLOAD}") from None
-    data_start = 8 + header_size
+    header, data_start, file_size = _read_header(path)
     tensors = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
+        if not _well_formed(entry):
+            raise UserError(f"tensor '{name}' in {path.name} has a malformed header entry: {_REDOWNLOAD}")
         begin, end = entry["data_offsets"]
         shape = tuple(entry["shape"])
         info = TensorInfo(name, entry["dtype"], shape, path, data_start + begin, end - begin)
@@ -146,3 +159,37 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
             )
         tensors[name] = info
     return tensors
+
+
+def _read_header(path: Path) -> tuple[dict, int, int]:
+    """A safetensors file's JSON header, where its data starts, and the file's size."""
+    try:
+        file_size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
+            if header_size < 2 or 8 + header_size > file_size:
+                raise UserError(f"checkpoint file {path} is truncated or not a safetensors file: {_REDOWNLOAD}")
+            text = handle.read(header_size)
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror}") from None
+    try:
+        header = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"checkpoint file {path} has a corrupt header: {_REDOWNLOAD}") from None
+    if not isinstance(header, dict):
+        raise UserError(f"checkpoint file {path} has a corrupt header: {_REDOWNLOAD}")
+    return header, 8 + header_size, file_size
+
+
+def _well_formed(entry) -> bool:
+    """A header entry: {"dtype": str, "shape": [int ≥ 0, ...], "data_offsets": [begin, end]}."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("dtype"), str):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    return (isinstance(shape, list) and all(map(_natural, shape)) and isinstance(offsets, list)
+            and len(offsets) == 2 and all(map(_natural, offsets)) and offsets[0] <= offsets[1])
+
+
+def _natural(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

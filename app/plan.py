@@ -72,6 +72,22 @@ class ModelFacts:
     @classmethod
     def from_folder(cls, folder: ModelFolder, fp8_kept: bool = False) -> "ModelFacts":
         """`fp8_kept`: the engine will keep dense FP8 weights FP8 (it does on a GPU)."""
+        try:
+            facts = cls._from_config(folder, fp8_kept)
+        except KeyError as missing:
+            raise UserError(f"config.json in '{folder.path}' lacks the key {missing}") from None
+        except (TypeError, ValueError) as error:
+            raise UserError(f"config.json in '{folder.path}' has a value of the wrong type ({error}): fix it or "
+                            "download the model again") from None
+        for name in ("num_layers", "num_experts", "top_k", "hidden_size", "vocab_size", "attention_heads"):
+            value = getattr(facts, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"config.json in '{folder.path}' has a value of the wrong type: its {name} is "
+                                f"{value!r}, where a whole number above 0 belongs")
+        return facts
+
+    @classmethod
+    def _from_config(cls, folder: ModelFolder, fp8_kept: bool) -> "ModelFacts":
         config = folder.config
         num_layers = config["num_hidden_layers"]
         num_experts = config.get("num_local_experts") or config["n_routed_experts"]

@@ -3,6 +3,7 @@
 A bare letter (K, M, G, T) is binary like in docker and llama.cpp, `KB`/`MB`/`GB` are decimal.
 """
 
+import math
 import re
 
 from app.errors import UserError
@@ -24,7 +25,10 @@ def parse_size(text: str) -> int:
         raise UserError(
             f"cannot read the size '{text}': write bytes or a number with a unit, e.g. 512K, 300M, 2G, 1.5GiB"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    size = float(match.group(1)) * _UNITS[unit]
+    if not math.isfinite(size):
+        raise UserError(f"the size '{text}' is too large to be a number of bytes")
+    return int(size)
 
 
 def format_size(num_bytes: float) -> str:

@@ -34,11 +34,13 @@ def tiny_dflash(tiny_gpt_oss, tmp_path_factory):
 @pytest.fixture(scope="session")
 def served_tiny_gpt_oss(tiny_gpt_oss):
     """`moechat serve` on the tiny GPT-OSS (float32 CPU, experts offloaded to 6 slots, 4 requests decoding
-    together and 4 waiting at most), as a subprocess for the whole session."""
+    together and 4 waiting at most, 24 tokens for a chat that gives no max_tokens), as a subprocess for the
+    whole session; its key comes from $MOECHAT_API_KEY."""
     from tests.fixtures.openai_server import moechat_serve
     from tests.test_cli_spec import budget_for_slots
 
     context = 1024
     with moechat_serve(tiny_gpt_oss, "--context", str(context), "--max-batch", "4", "--max-queue", "4",
+                       "--default-max-tokens", "24",
                        "--gpu-budget", str(budget_for_slots(tiny_gpt_oss, 6, context))) as server:
         yield server

@@ -63,10 +63,12 @@ def test_a_stopped_download_resumes_with_only_the_missing_bytes(hub, tmp_path):
 
     assert not download.run(stop_midway, stop)
     first = hub.bytes_served
-    assert 0 < download.total_bytes - download.missing_bytes() < download.total_bytes
+    present = download.total_bytes - download.missing_bytes()  # what the stopped run kept on disk
+    assert 0 < present < download.total_bytes
     assert Download(REPO, tmp_path / "m").run()
     assert_complete(tmp_path / "m")
-    assert hub.bytes_served - first <= download.total_bytes - first + 4096 * 4  # in-flight chunks at most
+    # the bytes still in flight when the stopped run hung up may be counted late: a few chunks at most
+    assert hub.bytes_served - first <= download.total_bytes - present + 4096 * 4
 
 
 def test_a_killed_process_resumes_from_its_partial_file(hub, tmp_path):

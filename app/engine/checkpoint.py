@@ -12,6 +12,9 @@ TORCH_DTYPES = {
     "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
     "F64": torch.float64, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64", "F8_E4M3", "F8_E5M2")
+WHOLE_CHECK_ELEMENTS = 1 << 20  # tensors up to this size (norms, routers, biases) are checked whole
+SAMPLE_ELEMENTS = 1 << 14  # a larger tensor is checked at its start, middle and end, this many elements each
 
 
 class Checkpoint:
@@ -41,13 +44,24 @@ class Checkpoint:
         dtype = TORCH_DTYPES.get(info.dtype)
         if dtype is None:
             raise UserError(f"tensor '{name}' has dtype {info.dtype}, which this app cannot read")
-        key = str(info.file)
-        if key not in self._maps:
-            self._maps[key] = np.memmap(info.file, dtype=np.uint8, mode="c")
-        raw = torch.from_numpy(self._maps[key][info.offset : info.offset + info.nbytes])
+        raw = torch.from_numpy(self._map(info)[info.offset : info.offset + info.nbytes])
         if info.offset % raw.new_empty((), dtype=dtype).element_size():
             raw = raw.clone()  # a misaligned tensor cannot be viewed in place
         return raw.view(dtype).reshape(info.shape)
+
+    def elements(self, name: str, start: int, count: int) -> torch.Tensor:
+        """Elements [start, start + count) of a tensor in storage order, as a copy of just those bytes."""
+        info = self.info(name)
+        dtype = TORCH_DTYPES[info.dtype]
+        size = torch.empty((), dtype=dtype).element_size()
+        raw = self._map(info)[info.offset + start * size : info.offset + (start + count) * size]
+        return torch.from_numpy(raw.copy()).view(dtype)
+
+    def _map(self, info: TensorInfo) -> np.memmap:
+        key = str(info.file)
+        if key not in self._maps:
+            self._maps[key] = np.memmap(info.file, dtype=np.uint8, mode="c")
+        return self._maps[key]
 
     def stored_weight(self, module: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
         """`{module}.weight` as stored: {"weight": ...}, plus {"weight_scale" or "weight_scale_inv": ...} when the
@@ -87,3 +101,16 @@ class Checkpoint:
         """`{module}.weight` on `device` in `dtype`; FP8 weights travel as FP8 and are scaled there."""
         stored = {name: tensor.to(device) for name, tensor in self.stored_weight(module, shape).items()}
         return dequantize(stored, self.folder.quantization.fp8_block, dtype)
+
+
+def check_finite(checkpoint: Checkpoint) -> None:
+    """Refuse weights holding NaN or infinity (a damaged file: greedy decoding would emit token 0 for ever),
+    naming the tensor. Small tensors (norms, routers, biases) are read whole, larger ones at three places."""
+    for name, info in checkpoint.folder.tensors.items():
+        if info.dtype not in FLOAT_DTYPES:
+            continue  # integer-coded weights (MXFP4 blocks and scales) hold no NaN
+        count, n = info.numel, SAMPLE_ELEMENTS
+        samples = [(0, count)] if count <= WHOLE_CHECK_ELEMENTS else [(0, n), ((count - n) // 2, n), (count - n, n)]
+        if not all(torch.isfinite(checkpoint.elements(name, start, size).float()).all() for start, size in samples):
+            raise UserError(f"tensor '{name}' in {info.file} holds NaN or infinite values: the weights are damaged; "
+                            "download the model again")

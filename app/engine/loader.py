@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app.engine.checkpoint import Checkpoint
+from app.engine.checkpoint import Checkpoint, check_finite
 from app.engine.expert_parallel import ExpertParallelCache
 from app.engine.experts import ExpertCache, ExpertStore
 from app.engine.linear import keeps_fp8
@@ -77,6 +77,7 @@ def load_model(
     except KeyError as missing:
         raise UserError(f"config.json in '{folder.path}' lacks the key {missing}") from None
     checkpoint = Checkpoint(folder)
+    check_finite(checkpoint)
     store = ExpertStore(
         make_reader(config, checkpoint),
         facts.moe_layers,

@@ -2,17 +2,21 @@
 
 `EngineServer` does the work and reports through `send`; the loop around it only moves messages,
 so tests can drive the server directly. The process is started by `protocol.spawn_engine`.
+
+No request can end the engine: whatever one raises becomes an Error event for that request (for a
+batch step, for the requests in that step), and the engine goes on with the others.
 """
 
 import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
 from app.engine.batch import Batch
+from app.engine.prompts import PromptWorker
 from app.engine.protocol import (
     Cancel,
     Done,
@@ -29,6 +33,7 @@ from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
 from app.errors import UserError
+from app.request_limits import check_seed, check_temperature, check_top_k, check_top_p
 
 STATS_INTERVAL_S = 0.1
 OUT_OF_MEMORY = "out of GPU memory: lower the GPU budget or the context and load again"
@@ -36,6 +41,20 @@ OUT_OF_MEMORY = "out of GPU memory: lower the GPU budget or the context and load
 
 class Cancelled(Exception):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class PromptReady:
+    """Put on the engine's own request queue when a prompt's ids are ready, to wake its loop."""
+
+
+def failure(error: Exception, request_id: int | None, kind: str = "internal") -> Error:
+    """The Error event for an exception a request raised."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return Error("oom", OUT_OF_MEMORY, request_id)
+    words = (str(error).splitlines() or [""])[0]
+    return Error(kind, f"the engine failed on this request ({type(error).__name__}: {words}); it goes on "
+                       "serving the others", request_id)
 
 
 class EngineServer:
@@ -47,60 +66,63 @@ class EngineServer:
     during loads, during those whole generations and after every batch step; True stops everything running.
     """
 
-    def __init__(self, send: Callable[[object], None], cancel_requested: Callable[[], bool]):
+    def __init__(self, send: Callable[[object], None], cancel_requested: Callable[[], bool],
+                 wake: Callable[[], None] = lambda: None):
         self.send = send
         self.cancel_requested = cancel_requested
         self.session: Session | None = None
         self.batch: Batch | None = None
         self.running_alone: int | None = None  # the request id of a generation `handle` is running whole
+        self.prompts = PromptWorker(wake)
         self._stats: StatsClock | None = None
-        self._last_prompt: tuple[Generate, list[int]] | None = None
 
     @property
     def busy(self) -> bool:
         """Generations are decoding in the batch: call `step()`."""
         return self.batch is not None and bool(self.batch.sequences)
 
+    def prepare(self, request: Generate) -> None:
+        """Start making `request`'s prompt ids on the prompt thread, for the model loaded now."""
+        session = self.session
+        self.prompts.submit(request.request_id, lambda: _prompt_ids(session, request))
+
+    def prepared(self, request: Generate) -> bool:
+        """Its prompt ids are made (or failed), or it was never prepared (then `handle` makes them)."""
+        return not self.prompts.submitted(request.request_id) or self.prompts.result(request.request_id) is not None
+
     def can_start(self, request: Generate) -> bool:
         """The batch has room for `request` now (without a batch, `handle` runs it whole; a request the
         engine will refuse can always start, to be refused)."""
         if self.batch is None:
             return True
-        try:
-            ids = self._prompt_ids(request)
-        except UserError:
+        ids = self.prompts.result(request.request_id)
+        if not isinstance(ids, list):
             return True
         return self.batch.has_room(self.batch.cache_tokens(len(ids), request.max_new_tokens))
 
-    def _prompt_ids(self, request: Generate) -> list[int]:
-        """The request's prompt as token ids (remembered for the request last asked about: it may wait)."""
-        if self._last_prompt is None or self._last_prompt[0] is not request:
-            prompt = Prompt(request.token_ids, request.text, request.messages, request.reasoning_effort)
-            self._last_prompt = (request, self.session.prompt_ids(prompt))
-        return self._last_prompt[1]
-
     def handle(self, request) -> None:
+        request_id = getattr(request, "request_id", None)
         try:
             if isinstance(request, LoadModel):
                 self._load(request)
             elif isinstance(request, Generate):
                 self._generate(request)
         except Cancelled:
-            self.send(Error("cancelled", "cancelled", getattr(request, "request_id", None)))
+            self.send(Error("cancelled", "cancelled", request_id))
         except UserError as error:
             kind = "load" if isinstance(request, LoadModel) else "request"
-            self.send(Error(kind, str(error), getattr(request, "request_id", None)))
-        except torch.OutOfMemoryError:
-            self.send(Error("oom", OUT_OF_MEMORY, getattr(request, "request_id", None)))
+            self.send(Error(kind, str(error), request_id))
+        except Exception as error:
+            self.send(failure(error, request_id, "load" if isinstance(request, LoadModel) else "internal"))
 
     def step(self) -> None:
         """One decode step of every generation in the batch, then a look for cancellations."""
         try:
             events = self.batch.step()
-        except torch.OutOfMemoryError:
+        except Exception as error:  # it cannot be told whose it was: every generation of the step ends
             for request_id in list(self.batch.sequences):
                 self.batch.leave(request_id)
-                self.send(Error("oom", OUT_OF_MEMORY, request_id))
+                self.send(failure(error, request_id))
             return
         self._send_all(events)
         if self.cancel_requested():
@@ -118,7 +140,7 @@ class EngineServer:
 
     def _load(self, request: LoadModel) -> None:
         self.cancel(None)
-        self.session, self.batch, self._last_prompt = None, None, None
+        self.session, self.batch = None, None
 
         def progress(stage: str, fraction: float) -> None:
             if self.cancel_requested():
@@ -148,10 +170,15 @@ class EngineServer:
         }))
 
     def _generate(self, request: Generate) -> None:
-        if self.session is None:
-            raise UserError("no model is loaded: load one first")
-        ids = self._prompt_ids(request)
-        sampling = SamplingParams(request.temperature, request.top_k, request.top_p, request.seed)
+        made = self.prompts.result(request.request_id)
+        self.prompts.forget(request.request_id)
+        if made is None:
+            made = _prompt_ids(self.session, request)
+        if isinstance(made, Exception):
+            raise made
+        ids = made
+        sampling = SamplingParams(check_temperature(request.temperature), check_top_k(request.top_k),
+                                  check_top_p(request.top_p), check_seed(request.seed))
         if not self.busy:
             self._stats.restart()
         if self.batch is not None:
@@ -223,9 +250,10 @@ def residency(cache) -> list[float]:
 
 
 def engine_main(requests, events) -> None:
-    """The child process's loop. Requests are handled in arrival order: a Generate as soon as the batch
-    has room, a LoadModel once no generation runs, Shutdown at once. Between decode steps the loop reads
-    what has arrived, so a Cancel takes its generation out before the next step."""
+    """The child process's loop. Requests are handled in arrival order: a Generate as soon as its prompt
+    ids are made (on the prompt thread) and the batch has room, a LoadModel once no generation runs,
+    Shutdown at once. Between decode steps the loop reads what has arrived, so a Cancel takes its
+    generation out before the next step."""
     inbox: deque = deque()
 
     def cancel_requested() -> bool:
@@ -239,30 +267,54 @@ def engine_main(requests, events) -> None:
             stop_all |= file(request)
 
     def file(request) -> bool:
+        if isinstance(request, PromptReady):
+            return False
         if not isinstance(request, Cancel):
             inbox.append(request)
             return isinstance(request, Shutdown)
         waiting = [r for r in inbox if isinstance(r, Generate) and request.request_id in (None, r.request_id)]
         for generate in waiting:
             inbox.remove(generate)
+            server.prompts.forget(generate.request_id)
             events.put(Done("cancelled", {}, generate.request_id))
         if request.request_id is None or request.request_id == server.running_alone:
             return True
         server.cancel(request.request_id)
         return False
 
-    server = EngineServer(events.put, cancel_requested)
+    def prepare_prompts() -> None:
+        """Start on the prompts of the Generates waiting ahead of any LoadModel (those behind one are for
+        the model it loads)."""
+        for request in inbox:
+            if isinstance(request, LoadModel):
+                return
+            if isinstance(request, Generate) and not server.prompts.submitted(request.request_id):
+                server.prepare(request)
+
+    server = EngineServer(events.put, cancel_requested, wake=lambda: requests.put(PromptReady()))
     while True:
         if not inbox and not server.busy:
             file(requests.get())
         if cancel_requested():
             server.cancel(None)
+        prepare_prompts()
         while inbox:
             head = inbox[0]
             if isinstance(head, Shutdown):
                 return
+            if isinstance(head, Generate) and not server.prepared(head):
+                break
             if server.busy and (isinstance(head, LoadModel) or not server.can_start(head)):
                 break
             server.handle(inbox.popleft())
+            prepare_prompts()
         if server.busy:
             server.step()
+        elif inbox:  # idle, the first request waits for its prompt ids: sleep until they (or a request) come
+            file(requests.get())
+
+
+def _prompt_ids(session: Session | None, request: Generate) -> list[int]:
+    if session is None:
+        raise UserError("no model is loaded: load one first")
+    return session.prompt_ids(Prompt(request.token_ids, request.text, request.messages, request.reasoning_effort))

@@ -1,7 +1,13 @@
 """Messages between the engine and its front doors (CLI, desktop app, server). No torch here."""
 
 import multiprocessing
+import os
+import signal
+import threading
+import time
 from dataclasses import dataclass, field
+
+HEARTBEAT_S = 1.0  # how often the engine process says it is alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +130,16 @@ class StepStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """Sent every HEARTBEAT_S by a thread of the engine process, busy or not: silence means it is stopped
+    or hung."""
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
-    """kind: "load", "request" (bad input), "cancelled" or "internal"; message is one readable line."""
+    """kind: "load", "request" (bad input), "cancelled", "oom", "internal" (the request raised; the engine
+    goes on) or "unavailable" (the engine process died or hung: the front door restarts it); message is one
+    readable line."""
 
     kind: str
     message: str
@@ -161,7 +175,23 @@ def spawn_engine() -> EngineProcess:
     return EngineProcess(process, requests, events)
 
 
+def keep_in_touch(events, parent_pid: int) -> None:
+    """From a thread of the engine process: a Heartbeat every HEARTBEAT_S, so that the front door can tell a
+    stopped or hung process from a busy one; and the end of the process once its parent is gone (killed:
+    no one would ever stop it, and it holds the model's memory)."""
+
+    def beat() -> None:
+        while os.getppid() == parent_pid:
+            events.put(Heartbeat())
+            time.sleep(HEARTBEAT_S)
+        os._exit(0)
+
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
 def _run_engine(requests, events) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group: the owner ends this
+    keep_in_touch(events, os.getppid())  # before torch is imported, which takes seconds
     from app.engine.process import engine_main
 
     engine_main(requests, events)

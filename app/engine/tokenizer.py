@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
+from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from app.engine.output_parser import HarmonyParser, OutputParser, PlainParser, ThinkParser
@@ -47,9 +48,12 @@ class ChatTokenizer:
         if self._tokenizer.chat_template is None:
             raise UserError(f"The tokenizer in {self._tokenizer.name_or_path} has no chat template.")
         template_options = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
-        text = self._tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False, **template_options
-        )
+        try:
+            text = self._tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **template_options
+            )
+        except TemplateError as error:  # the template's own raise_exception(), or a template that does not fit
+            raise UserError(f"the model's chat template refused these messages: {error}") from None
         return self.encode(text)
 
     def output_parser(self, prompt_ids: Sequence[int] = ()) -> OutputParser:

@@ -1,128 +1,108 @@
 """The OpenAI-compatible HTTP API over one loaded engine: /v1/models, /v1/chat/completions and
 /v1/completions, streamed (server-sent events) or not. Each response has an extra `moechat` field with
-the generated token ids and the engine's figures (expert cache, speculation, batching)."""
+the generated token ids and the engine's figures (expert cache, speculation, batching).
+
+A generation that fails after its stream has begun ends with an error event ({"error": {...}}, as OpenAI
+sends it) instead of a cut connection; while the engine is being restarted every route answers 503."""
 
 import asyncio
 import json
-import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from starlette.middleware.cors import CORSMiddleware
 
 from app.engine.protocol import Generate
-from app.errors import UserError
-from app.server.engine_link import Busy, EngineLink
+from app.server.api_errors import ApiError, error_body
+from app.server.engine_link import READY, RESTARTING, Busy, EngineLink, EngineUnavailable
 from app.server.formats import ChatFormat, CompletionFormat
 from app.server.generation import EngineRefused, Generation, Update
+from app.server.guard import RequestGuard, policy_for
+from app.server.options import ServerOptions
+from app.server.requests import (
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    chat_messages,
+    check_fields,
+    completion_prompt,
+)
 
 DISCONNECT_POLL_S = 0.05  # a waiting client's connection is looked at this often (a stream's at once)
+RETRY = {"Retry-After": "1"}
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.headers = status, message, kind, headers
-
-
-class SamplingFields(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str
-    stream: bool = False
-    stream_options: dict | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    n: int = 1
-
-    def stops(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-
-
-class ChatRequest(SamplingFields):
-    messages: list[dict] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    reasoning_effort: str | None = None
-
-
-class CompletionRequest(SamplingFields):
-    prompt: str | list[int]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-
-
-def create_app(link: EngineLink, model_name: str, context: int, api_key: str | None = None) -> FastAPI:
+def create_app(link: EngineLink, options: ServerOptions) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         link.start()
         yield
 
-    app = FastAPI(title="moechat", dependencies=[Depends(_key_check(api_key))], lifespan=lifespan)
+    docs = options.docs
+    app = FastAPI(title="moechat", lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url="/redoc" if docs else None, openapi_url="/openapi.json" if docs else None)
+    if options.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
+    app.add_middleware(RequestGuard, policy=policy_for(options.host, options.api_key, options.cors_origins,
+                                                       options.max_body))
+    model_name = options.model_name
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return _error_response(error.status, error.message, error.kind, error.headers)
+        return error.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"] if part != "body")
-        return _error_response(400, f"{where}: {first['msg']}" if where else first["msg"])
+        message = first["msg"].removeprefix("Value error, ")
+        return ApiError(400, f"{where}: {message}" if where else message, param=where or None).response()
 
     @app.get("/v1/models")
     async def models() -> dict:
+        _ready(link)
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "moechat"}]}
 
     @app.get("/v1/moechat/status")
     async def status() -> dict:
-        return {"model": model_name, "context": context, **link.status()}
+        return {"model": model_name, "context": link.info.get("context"), **link.status()}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
-        _check(body, model_name)
-        generate = Generate(0, body.max_completion_tokens or body.max_tokens or context, messages=body.messages,
-                            reasoning_effort=body.reasoning_effort, **_sampling(body))
+        context = _checked(body, link, model_name)
+        max_tokens = body.max_completion_tokens or body.max_tokens or min(options.default_max_tokens, context)
+        generate = Generate(0, max_tokens, messages=chat_messages(body), reasoning_effort=body.reasoning_effort,
+                            **body.sampling())
         return await _respond(link, generate, body, request, ChatFormat(model_name))
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        _check(body, model_name)
-        prompt = {"text": body.prompt} if isinstance(body.prompt, str) else {"token_ids": body.prompt}
-        generate = Generate(0, body.max_tokens or context, **prompt, **_sampling(body))
+        context = _checked(body, link, model_name)
+        generate = Generate(0, body.max_tokens or min(options.default_max_tokens, context),
+                            **completion_prompt(body, context), **body.sampling())
         return await _respond(link, generate, body, request, CompletionFormat(model_name), merge_kinds=True)
 
     return app
 
 
-def _key_check(api_key: str | None) -> Callable:
-    async def check(request: Request) -> None:
-        if api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not header.lower().startswith("bearer "):
-            raise ApiError(401, "missing API key: send the header 'Authorization: Bearer <key>'",
-                           "authentication_error")
-        if not secrets.compare_digest(header[7:].strip().encode(), api_key.encode()):
-            raise ApiError(401, "invalid API key", "authentication_error")
-
-    return check
+def _ready(link: EngineLink) -> None:
+    if link.state != READY:
+        raise ApiError(503, link.unavailable_reason(), "server_error", RETRY if link.state == RESTARTING else None)
 
 
-def _check(body: SamplingFields, model_name: str) -> None:
+def _checked(body: SamplingFields, link: EngineLink, model_name: str) -> int:
+    """The served context, once the request names the served model and its fields are all acceptable."""
     if body.model != model_name:
         raise ApiError(404, f"the model '{body.model}' is not served here; this server serves '{model_name}'",
-                       "not_found_error")
-    if body.n != 1:
-        raise ApiError(400, "n: only one choice per request is supported (n = 1)")
-
-
-def _sampling(body: SamplingFields) -> dict:
-    return {"temperature": body.temperature, "top_p": body.top_p, "seed": body.seed}
+                       "not_found_error", param="model")
+    _ready(link)
+    context = link.info["context"]
+    check_fields(body, context)
+    return context
 
 
 async def _respond(link: EngineLink, generate: Generate, body: SamplingFields, request: Request, formatter,
@@ -131,9 +111,9 @@ async def _respond(link: EngineLink, generate: Generate, body: SamplingFields, r
         generation = Generation(link, generate, body.stops(), merge_kinds)
     except Busy:
         raise ApiError(429, f"the server is busy ({link.max_in_flight} requests in flight): retry shortly",
-                       "rate_limit_exceeded", {"Retry-After": "1"}) from None
-    except UserError as error:
-        raise ApiError(503, str(error), "server_error") from None
+                       "rate_limit_exceeded", RETRY) from None
+    except EngineUnavailable as down:
+        raise ApiError(503, str(down), "server_error", RETRY if down.retry else None) from None
     stream = None  # once made, the stream closes the generation
     try:
         first = await _unless_disconnected(request, generation.first())
@@ -143,14 +123,22 @@ async def _respond(link: EngineLink, generate: Generate, body: SamplingFields, r
             return stream
         return await _unless_disconnected(request, _collect(generation, first, formatter))
     except EngineRefused as refused:
-        bad_request = refused.error.kind == "request"
-        raise ApiError(400 if bad_request else 500, refused.error.message,
-                       "invalid_request_error" if bad_request else "server_error") from None
+        raise _refusal(refused) from None
     except _ClientGone:
         return Response(status_code=499)
     finally:
         if stream is None:
             generation.close("client disconnected")
+
+
+def _refusal(refused: EngineRefused) -> ApiError:
+    """The HTTP error for an engine's Error event."""
+    error = refused.error
+    if error.kind == "request":
+        return ApiError(400, error.message)
+    if error.kind == "unavailable":
+        return ApiError(503, error.message, "server_error", RETRY)
+    return ApiError(500, error.message, "server_error")
 
 
 class _ClientGone(Exception):
@@ -189,11 +177,16 @@ async def _and_rest(first: Update, generation: Generation) -> AsyncIterator[Upda
 async def _events(generation: Generation, first: Update, formatter, include_usage: bool) -> AsyncIterator[str]:
     if formatter.opening:
         yield _sse(formatter.chunk({}, None, {}, role=True))
-    async for update in _and_rest(first, generation):
-        extra = {"token_ids": update.token_ids}
-        if update.finish_reason:
-            extra["stats"] = update.stats
-        yield _sse(formatter.chunk(update.text, update.finish_reason, extra))
+    try:
+        async for update in _and_rest(first, generation):
+            extra = {"token_ids": update.token_ids}
+            if update.finish_reason:
+                extra["stats"] = update.stats
+            yield _sse(formatter.chunk(update.text, update.finish_reason, extra))
+    except EngineRefused as refused:
+        failure = _refusal(refused)
+        yield _sse(error_body(failure.message, failure.kind))
+        return
     if include_usage:
         yield _sse(formatter.usage_chunk(generation.usage))
     yield "data: [DONE]\n\n"
@@ -216,9 +209,3 @@ class _GenerationStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.generation.close("client disconnected")
-
-
-def _error_response(status: int, message: str, kind: str = "invalid_request_error",
-                    headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                        status_code=status, headers=headers)

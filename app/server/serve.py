@@ -1,16 +1,22 @@
-"""`moechat serve`: load a model in an engine process, then answer the OpenAI API over HTTP with it."""
+"""`moechat serve`: load a model in an engine process, then answer the OpenAI API over HTTP with it.
+
+The engine process ends with the server, however the server is stopped: Ctrl+C and SIGTERM (as `kill`
+and systemd send) shut it down in order; were the server killed outright, the engine notices that its
+parent is gone and exits by itself (`app.engine.protocol.keep_in_touch`)."""
 
 import errno
 import ipaddress
+import signal
 import socket
 import sys
 
 import uvicorn
 
-from app.engine.protocol import LoadModel, spawn_engine
+from app.engine.protocol import LoadModel
 from app.errors import UserError
-from app.server.engine_link import EngineLink, load
+from app.server.engine_link import EngineLink
 from app.server.openai_api import create_app
+from app.server.options import ServerOptions
 
 
 def is_loopback(host: str) -> bool:
@@ -38,19 +44,21 @@ def check_binding(host: str, port: int, api_key: str | None) -> None:
             raise UserError(f"cannot listen on {host}:{port}: {error.strerror}") from None
 
 
-def serve(load_request: LoadModel, host: str, port: int, api_key: str | None, model_name: str,
-          max_queue: int) -> None:
-    """Blocks until the server is stopped (Ctrl+C); at most max_batch + max_queue requests in flight."""
-    check_binding(host, port, api_key)
-    engine = spawn_engine()
+def serve(load_request: LoadModel, options: ServerOptions) -> None:
+    """Blocks until the server is stopped (Ctrl+C, SIGTERM); at most max_batch + max_queue requests in flight."""
+    check_binding(options.host, options.port, options.api_key)
+    # uvicorn stops on SIGTERM, then raises it again: this handler turns it into SystemExit, so the engine is
+    # stopped below (as it is on Ctrl+C), also when SIGTERM comes while the model loads
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    link = EngineLink(load_request, options.max_queue, options.engine_timeout_s)
+    name = options.model_name
     try:
-        info = load(engine, load_request, lambda stage, fraction: print(
-            f"\rmoechat: loading {model_name}: {stage} {fraction:.0%}   ", end="", file=sys.stderr, flush=True))
+        info = link.load_first(lambda stage, fraction: print(
+            f"\rmoechat: loading {name}: {stage} {fraction:.0%}   ", end="", file=sys.stderr, flush=True))
         print(file=sys.stderr)
-        link = EngineLink(engine, info["max_batch"] + max_queue)
-        app = create_app(link, model_name, info["context"], api_key)
-        print(f"moechat: serving {model_name} at http://{host}:{port}/v1 ({info['max_batch']} decoding together, "
-              f"{max_queue} waiting at most)", file=sys.stderr, flush=True)
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        app = create_app(link, options)
+        print(f"moechat: serving {name} at http://{options.host}:{options.port}/v1 ({info['max_batch']} decoding "
+              f"together, {options.max_queue} waiting at most)", file=sys.stderr, flush=True)
+        uvicorn.run(app, host=options.host, port=options.port, log_level="warning")
     finally:
-        engine.stop()
+        link.stop()

@@ -3,7 +3,7 @@
 import queue
 
 from app.engine.process import engine_main
-from app.engine.protocol import Cancel, Done, Generate, Loaded, LoadModel, Shutdown, Tokens
+from app.engine.protocol import Cancel, Done, Error, Generate, Loaded, LoadModel, Shutdown, Tokens
 from app.engine.sampling import SamplingParams
 from app.engine.session import Session, collect
 
@@ -25,13 +25,15 @@ class Recorder:
         return next(e for e in self.events if isinstance(e, Done) and e.request_id == request_id)
 
 
-def run_engine(requests: list, react, expected_done: int) -> Recorder:
-    """engine_main on in-process queues, until `expected_done` generations have ended."""
+def run_engine(requests: list, react, expected_done: int, expected_errors: int = 0) -> Recorder:
+    """engine_main on in-process queues, until as many generations have ended (with Done or Error) as
+    `expected_done` and `expected_errors` say."""
     inbox = queue.Queue()
 
     def react_then_stop(recorder: Recorder, event) -> None:
         react(recorder, event)
-        if isinstance(event, Done) and sum(isinstance(e, Done) for e in recorder.events) == expected_done:
+        ended = sum(isinstance(e, Done | Error) for e in recorder.events)
+        if isinstance(event, Done | Error) and ended == expected_done + expected_errors:
             inbox.put(Shutdown())
 
     recorder = Recorder(inbox, react_then_stop)
