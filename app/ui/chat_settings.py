@@ -32,7 +32,7 @@ class ChatSettingsPanel(QWidget):
         self.system_prompt.setPlaceholderText("You are a helpful assistant.")
         self.system_prompt.setMaximumHeight(110)
         self.temperature = self._number(QDoubleSpinBox(), 0.0, 2.0, 0.05)
-        self.top_p = self._number(QDoubleSpinBox(), 0.0, 1.0, 0.05)
+        self.top_p = self._number(QDoubleSpinBox(), 0.05, 1.0, 0.05)  # top-p 0 keeps nothing: the engine refuses it
         self.top_k = self._number(QSpinBox(), 0, 1000, 1)
         self.top_k.setSpecialValueText("off")
         self.max_tokens = self._number(QSpinBox(), 1, 131072, 64)

@@ -132,3 +132,15 @@ def test_an_export_starts_in_the_documents_folder_and_carries_model_date_and_fig
     assert markdown.startswith(f"# What is 2 + 2?\n\n- Model: tiny\n- Date: {today} ")
     assert "## Assistant\n\n4\n\n*31.5 tok/s · first token 0.25 s · 2 tokens · finished*" in markdown
     window.close()
+
+
+def test_every_sampling_value_the_settings_offer_is_one_the_engine_accepts(qtbot):
+    from app.request_limits import check_temperature, check_top_k, check_top_p
+    from app.ui.chat_settings import ChatSettingsPanel
+
+    settings = ChatSettingsPanel()
+    qtbot.addWidget(settings)
+    for box, check in ((settings.temperature, check_temperature), (settings.top_p, check_top_p),
+                       (settings.top_k, check_top_k)):
+        for value in (box.minimum(), box.maximum()):
+            assert check(value) == value
