@@ -90,7 +90,7 @@ class Batch:
                 logits = alone.runner.run([alone.token])[0]
             else:
                 tokens = torch.tensor([s.token for s in sequences], device=self.model.device)
-                logits = self.model.decode_batch(tokens, [s.cache for s in sequences])  # [N, V]
+                logits = self.model.forward_batch(list(tokens[:, None]), [s.cache for s in sequences])  # [N, V]
                 self.model.experts.settle()
             next_tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(sequences)]
         work = self.model.experts.snapshot().since(before)

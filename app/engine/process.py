@@ -153,7 +153,7 @@ class EngineServer:
             ram_budget=request.ram_budget, context=request.context, on_progress=progress,
         )
         loaded = self.session.loaded
-        if self.session.speculation is None and hasattr(loaded.model, "decode_batch"):
+        if self.session.speculation is None and hasattr(loaded.model, "forward_batch"):
             self.batch = Batch(self.session, request.max_batch)
         self._stats = StatsClock(loaded.model.experts)
         self.send(Loaded({

@@ -3,7 +3,7 @@
 experts from the expert cache, plus a shared expert. Attention is the architecture's own: GQA in
 glm4_moe.py, multi-head latent attention in mla.py (GLM-4.7-Flash), with DSA in glm_moe_dsa.py (GLM-5).
 
-Besides the engine's model API (`forward`, `new_kv_cache`, `embedding_routes`, `config`, `experts`,
+Besides the engine's model API (`forward`, `forward_batch`, `new_kv_cache`, `embedding_routes`, `config`, `experts`,
 `device`, and the split at the routed experts that segmented_decode.py replays: `attention_context`,
 `until_experts`, `routed_experts`), a GLM model has `load_mtp()` -> `GlmMtp`, its checkpoint's
 multi-token-prediction layer as a drafter (glm_mtp.py). The MTP layer reads the target's final hidden
@@ -219,10 +219,11 @@ class GlmLayer:
     def with_routed_experts(self, residual: torch.Tensor, routing: Routing | None) -> torch.Tensor:
         return residual if routing is None else residual + self.moe.routed(routing)
 
-    def decode_batch(self, x: torch.Tensor, sequences: list[tuple[Step, KVCache]]) -> torch.Tensor:
-        """x [N, H], one token of each of N sequences: attention per sequence, the MLP once for all N."""
+    def forward_batch(self, x: torch.Tensor, sequences: list[tuple[int, int, Step, KVCache]]) -> torch.Tensor:
+        """x [sum T_i, H], the blocks of N sequences (rows start:end of each): attention per sequence, the MLP
+        once for all the rows."""
         normed = rms_norm(x, self.input_norm, self.eps)
-        x = x + torch.cat([self.attention(normed[i : i + 1], step, cache) for i, (step, cache) in enumerate(sequences)])
+        x = x + torch.cat([self.attention(normed[start:end], step, cache) for start, end, step, cache in sequences])
         return self.with_routed_experts(*self.mlp_until_experts(x))
 
     def mlp_until_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
@@ -304,16 +305,24 @@ class GlmModel:
         cache.advance(len(token_ids))
         return finish_forward(self, x, outputs, capture, last_only)
 
-    def decode_batch(self, token_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-        """One token from each of N sequences, token_ids [N] and one cache per sequence -> logits [N, vocab]
-        (float32); each MoE layer's routed experts run once for all N tokens."""
-        sequences = [(self.attention_context(1, cache), cache) for cache in caches]
-        x = self.embed[token_ids]
-        for layer in self.layers:
-            x = layer.decode_batch(x, sequences)
-        for cache in caches:
-            cache.advance(1)
-        return finish_forward(self, x, {}, (), last_only=False)
+    def forward_batch(
+        self, blocks: list[torch.Tensor], caches: list[KVCache], capture: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of tokens [T_i] of N sequences, each after its cache's committed tokens -> logits [sum T_i,
+        vocab] (float32), with `capture` also their features (see `forward`), in block order; each MoE layer's
+        routed experts run once for all the tokens."""
+        bounds = torch.tensor([0, *(len(block) for block in blocks)]).cumsum(0).tolist()
+        sequences = [(start, end, self.attention_context(len(block), cache), cache)
+                     for start, end, block, cache in zip(bounds[:-1], bounds[1:], blocks, caches, strict=True)]
+        x = self.embed[torch.cat(blocks)]
+        outputs = {}
+        for index, layer in enumerate(self.layers):
+            x = layer.forward_batch(x, sequences)
+            if index in capture:
+                outputs[index] = x
+        for block, cache in zip(blocks, caches, strict=True):
+            cache.advance(len(block))
+        return finish_forward(self, x, outputs, capture, last_only=False)
 
     def until_experts(self, index: int, x: torch.Tensor, context: Step,
                       cache: KVCache) -> tuple[torch.Tensor, Routing | None]:

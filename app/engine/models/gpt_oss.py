@@ -194,24 +194,32 @@ class GptOss:
         return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
                                 routing.predictions)
 
-    def decode_batch(self, token_ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-        """One token from each of N sequences, token_ids [N] and one cache per sequence -> logits [N, vocab]
-        (float32). Attention runs per sequence over its own cache; each layer's routed experts run once
-        for all N tokens, so one expert sweep serves the whole batch."""
+    def forward_batch(
+        self, blocks: list[torch.Tensor], caches: list[KVCache], capture: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Blocks of tokens [T_i] of N sequences, each after its cache's committed tokens -> logits [sum T_i,
+        vocab] (float32), with `capture` also their features (see `forward`), in block order. Attention runs
+        per sequence over its own cache; each layer's routed experts run once for all the tokens, so one
+        expert sweep serves the whole batch."""
         contexts = []
-        for cache in caches:
-            cache.check_room(1)
-            contexts.append(self.attention_context(1, cache))
-        x = self.embed[token_ids]
+        for block, cache in zip(blocks, caches, strict=True):
+            cache.check_room(len(block))
+            contexts.append(self.attention_context(len(block), cache))
+        bounds = torch.tensor([0, *(len(block) for block in blocks)]).cumsum(0).tolist()
+        x = self.embed[torch.cat(blocks)]
+        outputs = {}
         for index, layer in enumerate(self.layers):
             normed = rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
-            x = x + torch.cat([self._attention(index, layer, normed[i : i + 1], *context, cache)
-                               for i, (context, cache) in enumerate(zip(contexts, caches, strict=True))])
+            x = x + torch.cat([self._attention(index, layer, normed[start:end], *context, cache)
+                               for start, end, context, cache in zip(bounds[:-1], bounds[1:], contexts, caches,
+                                                                     strict=True)])
             routing = self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
             x = x + self.routed_experts(index, routing)
-        for cache in caches:
-            cache.advance(1)
-        return finish_forward(self, x, {}, (), last_only=False)
+            if index in capture:
+                outputs[index] = x
+        for block, cache in zip(blocks, caches, strict=True):
+            cache.advance(len(block))
+        return finish_forward(self, x, outputs, capture, last_only=False)
 
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
