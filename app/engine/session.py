@@ -102,19 +102,23 @@ class Session:
         parser = self.tokenizer.output_parser(ids) if self.tokenizer else None
         sampler = Sampler(sampling, runner.model.device)
         stop_ids = self.loaded.folder.stop_token_ids()
-        if self.speculation:
-            drafter = self.speculation.new_drafter(runner.cache.capacity)
+        drafter = self.speculation.new_drafter(runner.cache.capacity) if self.speculation else None
+        if drafter:
             events = speculative_generate(runner, ids, sampler, max_new_tokens, stop_ids, drafter,
                                           self.speculation.block_size)
         else:
             events = generate(runner, ids, sampler, max_new_tokens, stop_ids)
-        for event in events:
-            if isinstance(event, Done):
-                if parser:
-                    yield Tokens([], parser.finish())
-                yield event
-            else:
-                yield replace(event, pieces=parser.feed(event.token_ids) if parser else [])
+        try:
+            for event in events:
+                if isinstance(event, Done):
+                    if parser:
+                        yield Tokens([], parser.finish())
+                    yield event
+                else:
+                    yield replace(event, pieces=parser.feed(event.token_ids) if parser else [])
+        finally:  # ended, or cancelled: the drafter's context may serve the next answer
+            if drafter:
+                self.speculation.release(drafter)
 
 
 def open_speculation(spec: SpecOptions, folder: ModelFolder) -> Speculation | None:

@@ -27,7 +27,7 @@ class DFlashSpeculation:
                             f"{self.config.block_size}")
         self.block_size = block_size
         self.drafter: DFlashDrafter | None = None
-        self._context: tuple[KVCache, DraftGraphs | None] | None = None
+        self._idle: list[tuple[KVCache, DraftGraphs | None]] = []  # contexts no generation holds
 
     def budget_left(self, gpu_budget: int | None, context: int, dtype: str) -> int | None:
         """The GPU budget that remains for the target once the drafter's weights and context cache
@@ -45,15 +45,23 @@ class DFlashSpeculation:
         self.drafter = DFlashDrafter(self.config, Checkpoint(self.folder), model)
 
     def new_drafter(self, capacity: int) -> "DFlashProposer":
-        """A proposer for one generation. Its context cache, and the CUDA graphs captured over it, are
-        reused by the next generation of the same capacity."""
-        if self._context is None or self._context[0].capacity != capacity:
+        """A proposer for one generation, over a context cache of its own. A context given back (`release`),
+        and the CUDA graphs captured over it, serve the next generation of the same capacity; one of another
+        capacity is dropped, so that the contexts kept add up to no more than the generations running."""
+        idle = next((held for held in self._idle if held[0].capacity == capacity), None)
+        if idle is None:
+            self._idle.clear()
             context = self.drafter.new_context_cache(capacity)
-            graphs = DraftGraphs(self.drafter, context) if self.drafter.device.type == "cuda" else None
-            self._context = context, graphs
-        context, graphs = self._context
+            idle = context, DraftGraphs(self.drafter, context) if self.drafter.device.type == "cuda" else None
+        else:
+            self._idle.remove(idle)
+        context, graphs = idle
         context.truncate(0)
         return DFlashProposer(self.drafter, context, graphs)
+
+    def release(self, proposer: "DFlashProposer") -> None:
+        """The generation `proposer` served has ended: its context may serve another."""
+        self._idle.append((proposer.context, proposer.graphs))
 
 
 class DraftGraphs:

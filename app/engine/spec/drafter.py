@@ -43,3 +43,6 @@ class Speculation(Protocol):
     def load(self, model) -> None: ...
 
     def new_drafter(self, capacity: int) -> Drafter: ...
+
+    def release(self, drafter: Drafter) -> None:
+        """The generation `drafter` served has ended."""

@@ -47,6 +47,9 @@ class MtpSpeculation:
     def new_drafter(self, capacity: int) -> "MtpProposer":
         return MtpProposer(self.mtp, capacity, self.block_size or MTP_BLOCK_SIZE)
 
+    def release(self, proposer: "MtpProposer") -> None:
+        """Nothing to give back: each generation's MTP cache goes with its proposer."""
+
 
 class MtpProposer:
     """The MTP layer serving one generation: committed positions wait (token and target hidden state)

@@ -1,4 +1,5 @@
-"""One speculative step: draft → route-ahead prefetch → verify (one target pass) → accept → rewind."""
+"""One speculative step: draft → route-ahead prefetch → verify (one target pass) → accept → rewind. A step
+over several sequences drafts and accepts each, their verify blocks sharing one batched pass (the scheduler)."""
 
 import torch
 
@@ -33,22 +34,29 @@ class Speculator:
         """Verify `anchor` and block_size - 1 drafts in one pass (block_size 1: a plain decode step).
         Returns the emitted tokens (the kept drafts, then the target's own next token) and the number
         of drafts kept."""
-        committed = self.cache.length
+        block, proposal = self.draft(anchor, block_size)
+        logits, features = self.runner.run(block, self.capture)
+        # the features are copied out: the drafter keeps them past the next pass
+        return self.accept(block, proposal, logits, features.clone())
+
+    def draft(self, anchor: int, block_size: int) -> tuple[list[int], Proposal]:
+        """The block a step verifies, [anchor, *drafts], and the drafts' proposal; the copies of the block's
+        first experts start (route-ahead prefetch, where the cache copies on the host)."""
         proposal = self.drafter.propose(anchor, block_size - 1, self.sampler) if block_size > 1 else Proposal()
         block = [anchor, *proposal.tokens]
         prefetch_for_block(self.model, block)
-        logits, features = self._target_pass(block)
+        return block, proposal
+
+    def accept(self, block: list[int], proposal: Proposal, logits: torch.Tensor,
+               features: torch.Tensor) -> tuple[list[int], int]:
+        """After the target's pass over `block` (committed in the cache): its logits [B, V] and features
+        [B, F] decide the kept drafts; the cache and the drafter are rewound to what is kept. Returns the
+        emitted tokens and the number of drafts kept."""
         if proposal.probs is None:
             kept, token = accept_one_hot(proposal.tokens, logits, self.sampler)
         else:
             target_probs = self.sampler.probabilities(logits)
             kept, token = accept_sampled(proposal.tokens, proposal.probs, target_probs, self.sampler)
-        self.cache.truncate(committed + kept + 1)
+        self.cache.truncate(self.cache.length - len(block) + kept + 1)
         self.drafter.commit(block[: kept + 1], features[: kept + 1])
         return [*proposal.tokens[:kept], token], kept
-
-    def _target_pass(self, block: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """logits [B, V] and captured features [B, F]. The features are copied out: the drafter keeps them past
-        the next pass."""
-        logits, features = self.runner.run(block, self.capture)
-        return logits, features.clone()

@@ -167,3 +167,18 @@ def test_a_forced_block_size_beyond_the_drafters_is_refused(tiny_dflash, tmp_pat
     shutil.copytree(tiny_dflash, tmp_path / "drafter")
     with pytest.raises(UserError, match="--block-size 7 is larger than the drafter's block size 6"):
         DFlashSpeculation(tmp_path / "drafter", 7)
+
+
+def test_concurrent_generations_get_contexts_of_their_own_and_a_released_one_is_reused(tiny_gpt_oss, tiny_dflash):
+    from app.engine.loader import load_model
+    from app.engine.spec.dflash import DFlashSpeculation
+    from app.model_folder import ModelFolder
+
+    speculation = DFlashSpeculation(tiny_dflash, None)
+    speculation.load(load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64).model)
+    first, second = speculation.new_drafter(64), speculation.new_drafter(64)
+    assert first.context is not second.context
+    speculation.release(first)
+    assert speculation.new_drafter(64).context is first.context
+    speculation.release(second)
+    assert speculation.new_drafter(32).context not in (first.context, second.context)  # another capacity
