@@ -1,43 +1,19 @@
-"""Continuous batching: several sequences, each with its own KV cache, decoded together so that one
-step runs each layer's routed experts once for every sequence's token. A sequence joins between steps
-(its prompt is prefilled alone, its first token emitted) and leaves as soon as it ends or is cancelled."""
+"""Continuous batching: the engine process's generations as sequences of one scheduler (scheduler.py), admitted
+while their KV caches fit the planned context. A sequence joins between steps (its prompt is prefilled alone,
+its first token emitted) and leaves as soon as it ends or is cancelled; with speculation each drafts with a
+drafter of its own and their verify blocks share each step's pass."""
 
-import time
-from dataclasses import dataclass, field
-
-import torch
-
-from app.engine.experts import CacheStats
-from app.engine.generate import check_prompt, generation_stats, stop_reason
+from app.engine.generation import check_prompt
 from app.engine.protocol import Done, Tokens
-from app.engine.runner import StepRunner
+from app.engine.runner import RunnerPool
 from app.engine.sampling import Sampler, SamplingParams
-
-
-@dataclass(eq=False)
-class Sequence:
-    request_id: int
-    prompt_tokens: int
-    runner: StepRunner  # its own KV cache, and the single-token pass over it for steps where it is alone
-    sampler: Sampler
-    max_new_tokens: int
-    parser: object | None  # the tokenizer's OutputParser, None without a tokenizer
-    started: float
-    token: int = -1  # the last token emitted, the next step's input
-    emitted: int = 0
-    first_token_at: float = 0.0
-    expert_cache: CacheStats = field(default_factory=CacheStats)  # its prefill and every step it was in
-    steps: int = 0
-    batched_with: int = 0  # sum over its steps of the batch size
-
-    @property
-    def cache(self):
-        return self.runner.cache
+from app.engine.scheduler import Scheduler, Sequence
 
 
 class Batch:
     """The sequences decoding on one loaded model (`session`): at most `max_sequences` at once, whose KV
-    caches together hold at most the planned context (the plan reserved that many tokens of KV cache).
+    caches together hold at most the planned context (the plan reserved that many tokens of KV cache); with
+    one at most, every generation runs over the session's own cache and keeps its captured passes.
 
     Every call returns the events it produced: `Tokens` per sequence and step, then the end of a
     sequence as its parser's last text and `Done`, whose stats have generate's figures plus `batch`
@@ -48,82 +24,63 @@ class Batch:
         self.model = session.loaded.model
         self.context = session.loaded.context
         self.tokenizer = session.tokenizer
+        self.speculation = session.speculation
         self.stop_ids = session.loaded.folder.stop_token_ids()
         self.max_sequences = max_sequences
-        self.sequences: dict[int, Sequence] = {}
+        self.scheduler = Scheduler(self.model)
+        self.runners = RunnerPool(self.model, self.context, session.runner if max_sequences == 1 else None)
+        self._held: dict[int, Sequence] = {}  # every joined sequence until its runner and drafter are back
+
+    @property
+    def sequences(self) -> dict[int, Sequence]:
+        return self.scheduler.sequences
 
     def cache_tokens(self, prompt_tokens: int, max_new_tokens: int) -> int:
         """The KV cache a sequence gets: its prompt and answer, within the context."""
         return min(prompt_tokens + max_new_tokens, self.context)
 
     def has_room(self, cache_tokens: int) -> bool:
-        reserved = sum(s.cache.capacity for s in self.sequences.values())
-        return len(self.sequences) < self.max_sequences and reserved + cache_tokens <= self.context
+        return len(self.sequences) < self.max_sequences and self.runners.fits(cache_tokens)
 
     def join(self, request_id: int, prompt_ids: list[int], sampling: SamplingParams,
              max_new_tokens: int) -> list[Tokens | Done]:
-        assert request_id not in self.sequences, f"request {request_id} is already decoding"
-        model = self.model
-        check_prompt(prompt_ids, model.config.vocab_size)
+        check_prompt(prompt_ids, self.model.config.vocab_size)
         capacity = self.cache_tokens(len(prompt_ids), max_new_tokens)
         assert self.has_room(capacity), "no room in the batch: ask has_room first"
-        runner = StepRunner(model, capacity)
-        runner.cache.check_room(len(prompt_ids))
-        parser = self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None
-        sequence = Sequence(request_id, len(prompt_ids), runner, Sampler(sampling, model.device), max_new_tokens,
-                            parser, time.perf_counter())
-        before = model.experts.snapshot()
-        with torch.inference_mode():
-            sequence.token = sequence.sampler.sample(runner.prefill(prompt_ids))
-        sequence.first_token_at = time.perf_counter()
-        sequence.expert_cache = model.experts.snapshot().since(before)
-        self.sequences[request_id] = sequence
-        return self._emit(sequence)
+        runner = self.runners.take(capacity)
+        speculation = self.speculation
+        sequence = Sequence(
+            request_id, prompt_ids, runner, Sampler(sampling, self.model.device), max_new_tokens, self.stop_ids,
+            parser=self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None,
+            drafter=speculation.new_drafter(runner.cache.capacity) if speculation else None,
+            block_size=speculation.block_size if speculation else None,
+        )
+        self._held[request_id] = sequence
+        try:
+            return self._releasing(self.scheduler.join(sequence))
+        except BaseException:
+            self._release(request_id)
+            raise
 
     def step(self) -> list[Tokens | Done]:
         """One decode step of every sequence."""
-        sequences = list(self.sequences.values())
-        before = self.model.experts.snapshot()
-        with torch.inference_mode():
-            if len(sequences) == 1:
-                alone = sequences[0]
-                logits = alone.runner.run([alone.token])[0]
-            else:
-                tokens = torch.tensor([s.token for s in sequences], device=self.model.device)
-                logits = self.model.forward_batch(list(tokens[:, None]), [s.cache for s in sequences])  # [N, V]
-                self.model.experts.settle()
-            next_tokens = [s.sampler.sample(logits[i]) for i, s in enumerate(sequences)]
-        work = self.model.experts.snapshot().since(before)
-        events = []
-        for sequence, token in zip(sequences, next_tokens, strict=True):
-            sequence.token = token
-            sequence.expert_cache = sequence.expert_cache.plus(work)
-            sequence.steps += 1
-            sequence.batched_with += len(sequences)
-            events += self._emit(sequence)
-        return events
+        return self._releasing(self.scheduler.step())
 
     def leave(self, request_id: int) -> dict | None:
         """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
-        sequence = self.sequences.pop(request_id, None)
-        return self._stats(sequence) if sequence else None
+        stats = self.scheduler.leave(request_id)
+        if stats is not None:
+            self._release(request_id)
+        return stats
 
-    def _emit(self, sequence: Sequence) -> list[Tokens | Done]:
-        sequence.emitted += 1
-        token, parser = sequence.token, sequence.parser
-        events = [Tokens([token], parser.feed([token]) if parser else [], sequence.request_id)]
-        cache = sequence.cache
-        reason = stop_reason(token, sequence.emitted, sequence.max_new_tokens, self.stop_ids, cache.length,
-                             cache.capacity)
-        if reason:
-            del self.sequences[sequence.request_id]
-            if parser:
-                events.append(Tokens([], parser.finish(), sequence.request_id))
-            events.append(Done(reason, self._stats(sequence), sequence.request_id))
+    def _releasing(self, events: list[Tokens | Done]) -> list[Tokens | Done]:
+        for event in events:
+            if isinstance(event, Done):
+                self._release(event.request_id)
         return events
 
-    def _stats(self, sequence: Sequence) -> dict:
-        stats = generation_stats(sequence.prompt_tokens, sequence.emitted, sequence.started, sequence.first_token_at,
-                                 sequence.expert_cache)
-        mean_size = sequence.batched_with / sequence.steps if sequence.steps else 0.0
-        return {**stats, "batch": {"steps": sequence.steps, "mean_size": mean_size}}
+    def _release(self, request_id: int) -> None:
+        sequence = self._held.pop(request_id)
+        self.runners.give_back(sequence.runner)
+        if sequence.drafter is not None:
+            self.speculation.release(sequence.drafter)

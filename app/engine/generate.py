@@ -1,23 +1,11 @@
-"""Prefill and decode as a generator of events."""
+"""Prefill and decode of one sequence as a generator of events: the scheduler's loop, alone."""
 
-import time
 from collections.abc import Iterator
 
-import torch
-
-from app.engine.experts import CacheStats
 from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
-from app.errors import UserError
-
-
-def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
-    if not prompt_ids:
-        raise UserError("the prompt is empty: give some text or token ids")
-    bad = [i for i in prompt_ids if not 0 <= i < vocab_size]
-    if bad:
-        raise UserError(f"token id {bad[0]} is outside the vocabulary (0 … {vocab_size - 1})")
+from app.engine.scheduler import Sequence, run_alone
 
 
 def generate(
@@ -29,51 +17,4 @@ def generate(
 ) -> Iterator[Tokens | Done]:
     """A new sequence over the runner's cache: yield one `Tokens` per step, then `Done` with the statistics
     of the whole generation."""
-    model = runner.model
-    check_prompt(prompt_ids, model.config.vocab_size)
-    cache = runner.begin()
-    cache.check_room(len(prompt_ids))
-    stats_before = model.experts.snapshot()
-    started = time.perf_counter()
-    with torch.inference_mode():
-        runner.prepare([1])
-        token = sampler.sample(runner.prefill(prompt_ids))
-        first_token_at = time.perf_counter()
-        emitted = 1
-        while True:
-            yield Tokens([token])
-            reason = stop_reason(token, emitted, max_new_tokens, stop_ids, cache.length, cache.capacity)
-            if reason:
-                break
-            token = sampler.sample(runner.run([token])[0][-1])
-            emitted += 1
-    expert_cache = model.experts.snapshot().since(stats_before)
-    yield Done(reason, generation_stats(len(prompt_ids), emitted, started, first_token_at, expert_cache))
-
-
-def stop_reason(
-    token: int, emitted: int, max_new_tokens: int, stop_ids: list[int], cache_length: int, capacity: int
-) -> str | None:
-    """Why the generation ends once `token` is out as its `emitted`-th token (the cache then holds
-    `cache_length` tokens, the prompt and every emitted token but this one), or None."""
-    if token in stop_ids:
-        return "stop"
-    if emitted >= max_new_tokens:
-        return "length"
-    if cache_length >= capacity:
-        return "context"
-    return None
-
-
-def generation_stats(prompt_tokens: int, emitted: int, started: float, first_token_at: float,
-                     expert_cache: CacheStats) -> dict:
-    """Done's statistics: the first token comes from the prefill, the others from decode steps;
-    `expert_cache` is the cache's work for this generation."""
-    decode_seconds = time.perf_counter() - first_token_at
-    return {
-        "prefill_tokens": prompt_tokens,
-        "decode_tokens": emitted - 1,
-        "ttft_s": first_token_at - started,
-        "decode_tok_s": (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0,
-        "expert_cache": expert_cache.as_dict(),
-    }
+    return run_alone(runner.model, Sequence(0, prompt_ids, runner, sampler, max_new_tokens, stop_ids))

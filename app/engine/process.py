@@ -11,7 +11,7 @@ import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -60,10 +60,9 @@ def failure(error: Exception, request_id: int | None, kind: str = "internal") ->
 class EngineServer:
     """Loads a model and runs its generations.
 
-    Without speculation, generations decode together in a `Batch`: `handle(Generate)` prefills and
-    returns, `step()` moves every running generation on by one step. With speculation (or a model
-    without a batched decode) `handle` runs one generation to its end. `cancel_requested()` is polled
-    during loads, during those whole generations and after every batch step; True stops everything running.
+    Generations, plain or speculative, decode together in a `Batch`: `handle(Generate)` prefills and
+    returns, `step()` moves every running generation on by one step. `cancel_requested()` is polled during
+    loads and after every batch step; True stops everything running.
     """
 
     def __init__(self, send: Callable[[object], None], cancel_requested: Callable[[], bool],
@@ -72,7 +71,6 @@ class EngineServer:
         self.cancel_requested = cancel_requested
         self.session: Session | None = None
         self.batch: Batch | None = None
-        self.running_alone: int | None = None  # the request id of a generation `handle` is running whole
         self.prompts = PromptWorker(wake)
         self._stats: StatsClock | None = None
 
@@ -91,8 +89,8 @@ class EngineServer:
         return not self.prompts.submitted(request.request_id) or self.prompts.result(request.request_id) is not None
 
     def can_start(self, request: Generate) -> bool:
-        """The batch has room for `request` now (without a batch, `handle` runs it whole; a request the
-        engine will refuse can always start, to be refused)."""
+        """The batch has room for `request` now (a request the engine will refuse can always start, to be
+        refused)."""
         if self.batch is None:
             return True
         ids = self.prompts.result(request.request_id)
@@ -153,8 +151,7 @@ class EngineServer:
             ram_budget=request.ram_budget, context=request.context, on_progress=progress,
         )
         loaded = self.session.loaded
-        if self.session.speculation is None and hasattr(loaded.model, "forward_batch"):
-            self.batch = Batch(self.session, request.max_batch)
+        self.batch = Batch(self.session, request.max_batch)
         self._stats = StatsClock(loaded.model.experts)
         self.send(Loaded({
             "path": request.path,
@@ -166,7 +163,7 @@ class EngineServer:
             "device_bytes": loaded.placement.device_bytes,
             "has_tokenizer": self.session.tokenizer is not None,
             "spec": spec.method,
-            "max_batch": request.max_batch if self.batch else 1,
+            "max_batch": request.max_batch,
         }))
 
     def _generate(self, request: Generate) -> None:
@@ -181,31 +178,12 @@ class EngineServer:
                                   check_top_p(request.top_p), check_seed(request.seed))
         if not self.busy:
             self._stats.restart()
-        if self.batch is not None:
-            self._send_all(self.batch.join(request.request_id, ids, sampling, request.max_new_tokens))
-            return
-        self.running_alone = request.request_id
-        try:
-            self._generate_alone(request.request_id, self.session.generate(ids, sampling, request.max_new_tokens))
-        finally:
-            self.running_alone = None
-
-    def _generate_alone(self, request_id: int, events) -> None:
-        for event in events:
-            if isinstance(event, Done):
-                self.send(Done(event.stop_reason, event.stats, request_id))
-                return
-            self._send_all([replace(event, request_id=request_id)])
-            if self.cancel_requested():
-                events.close()
-                self.send(Done("cancelled", {}, request_id))
-                return
+        self._send_all(self.batch.join(request.request_id, ids, sampling, request.max_new_tokens))
 
     def _send_all(self, events: list) -> None:
         for event in events:
             self.send(event)
-        running = list(self.batch.sequences) if self.batch else [self.running_alone]
-        for stats in self._stats.tick(events, running):
+        for stats in self._stats.tick(events, list(self.batch.sequences)):
             self.send(stats)
 
 
@@ -277,7 +255,7 @@ def engine_main(requests, events) -> None:
             inbox.remove(generate)
             server.prompts.forget(generate.request_id)
             events.put(Done("cancelled", {}, generate.request_id))
-        if request.request_id is None or request.request_id == server.running_alone:
+        if request.request_id is None:
             return True
         server.cancel(request.request_id)
         return False

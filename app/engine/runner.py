@@ -98,3 +98,44 @@ class StepRunner:
         if num_tokens == 1 and segments_ready(self.model):
             return SegmentedDecode(self.model, self.cache, capture)
         return EagerPass(self.model, self.cache, capture)
+
+
+class RunnerPool:
+    """Runners for the sequences of a batch, each a cache that holds one sequence: a sequence takes an idle
+    runner as large as it needs (its captured passes with it) or a new one of its size, and gives it back
+    when it ends. The caches, held and idle, never hold more than `tokens` tokens (the KV cache the plan
+    reserved): idle ones are dropped, largest first, when a new one needs their room. With `sole` (a runner
+    of all `tokens`) every sequence runs over that one, one at a time, keeping its passes for the next."""
+
+    def __init__(self, model, tokens: int, sole: StepRunner | None = None):
+        self.model, self.tokens, self.sole = model, tokens, sole
+        self.idle: list[StepRunner] = []
+        self.held: list[StepRunner] = []
+
+    def fits(self, capacity: int) -> bool:
+        """A sequence whose cache holds `capacity` tokens can take a runner now."""
+        if self.sole is not None:
+            return not self.held
+        return sum(runner.cache.capacity for runner in self.held) + capacity <= self.tokens
+
+    def take(self, capacity: int) -> StepRunner:
+        assert self.fits(capacity), "no room: ask fits first"
+        held = sum(runner.cache.capacity for runner in self.held)
+        reusable = [r for r in self.idle if capacity <= r.cache.capacity and held + r.cache.capacity <= self.tokens]
+        if self.sole is not None:
+            runner = self.sole
+        elif reusable:
+            runner = min(reusable, key=lambda r: r.cache.capacity)
+            self.idle.remove(runner)
+        else:
+            self.idle.sort(key=lambda r: r.cache.capacity)
+            while self.idle and held + capacity + sum(r.cache.capacity for r in self.idle) > self.tokens:
+                self.idle.pop()
+            runner = StepRunner(self.model, capacity)
+        self.held.append(runner)
+        return runner
+
+    def give_back(self, runner: StepRunner) -> None:
+        self.held.remove(runner)
+        if runner is not self.sole:
+            self.idle.append(runner)

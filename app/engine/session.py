@@ -5,7 +5,8 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
-from app.engine.generate import check_prompt, generate
+from app.engine.generate import generate
+from app.engine.generation import check_prompt
 from app.engine.loader import LoadedModel, load_model
 from app.engine.output_parser import ANSWER
 from app.engine.protocol import Done, Tokens

@@ -284,7 +284,9 @@ class BudgetPanel(QWidget):
         )
 
     def request_load(self) -> None:
+        # the window asks for one answer at a time: the engine then keeps its captured passes between answers
         self.load_requested.emit(LoadModel(
             self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budgets,
-            ram_budget=self.ram_budget, context=self.context.currentData(), **self.speculation.options(),
+            ram_budget=self.ram_budget, context=self.context.currentData(), max_batch=1,
+            **self.speculation.options(),
         ))

@@ -97,3 +97,37 @@ def test_glm_sequences_decoded_together_give_the_tokens_of_each_alone(variant, t
         alone = collect(session.generate(prompt, SamplingParams(), 8))
         assert [t for e in events if isinstance(e, Tokens) and e.request_id == request_id
                 for t in e.token_ids] == alone["token_ids"], request_id
+
+
+@pytest.mark.parametrize("block_size", [4, None], ids=["fixed-blocks", "cost-aware"])
+def test_speculative_sequences_decoded_together_give_the_tokens_of_each_alone(tiny_gpt_oss, tiny_dflash, block_size,
+                                                                               monkeypatch):
+    from app.engine.spec.options import SpecOptions
+
+    session = Session.load(tiny_gpt_oss, SpecOptions("dflash", str(tiny_dflash), block_size), context=CONTEXT,
+                           dtype="float32", gpu_budget=budget_for_slots(tiny_gpt_oss, 3, CONTEXT + 200))
+    batch = Batch(session, max_sequences=3)
+    experts = session.loaded.model.experts
+    sweeps, run = [], experts.run
+
+    def counted_run(layer, *args, **kwargs):
+        sweeps.append(layer)
+        return run(layer, *args, **kwargs)
+
+    prompts = {1: PROMPTS[1], 2: PROMPTS[2], 3: PROMPTS[4]}
+    events = [e for request_id, prompt in prompts.items() for e in batch.join(request_id, prompt, SamplingParams(), 12)]
+    monkeypatch.setattr(experts, "run", counted_run)
+    events += batch.step()
+    assert sweeps == list(experts.store.layers)  # the three verify blocks shared one expert sweep
+    monkeypatch.undo()
+    while batch.sequences:
+        events += batch.step()
+    for request_id, prompt in prompts.items():
+        alone = collect(session.generate(prompt, SamplingParams(), 12))
+        done = next(e for e in events if isinstance(e, Done) and e.request_id == request_id)
+        assert [t for e in events if isinstance(e, Tokens) and e.request_id == request_id
+                for t in e.token_ids] == alone["token_ids"], request_id
+        assert done.stats["spec"]["steps"] == len(done.stats["spec"]["block_sizes"]) > 0
+        assert done.stats["batch"]["mean_size"] > 1
+    assert max(len(step) for e in events if isinstance(e, Done) for step in [e.stats["spec"]["block_sizes"]]) > 0
+    assert any(size > 1 for e in events if isinstance(e, Done) for size in e.stats["spec"]["block_sizes"])

@@ -72,7 +72,8 @@ def test_the_load_request_is_exactly_the_plan_on_screen(panel, gpt_oss_20b, qtbo
     with qtbot.waitSignal(budget.load_requested) as requested:
         qtbot.mouseClick(budget.load_button, Qt.MouseButton.LeftButton)
     assert requested.args[0] == LoadModel(gpt_oss_20b, device="cuda", dtype="bfloat16",
-                                          gpu_budget=budget.gpu_budget, ram_budget=budget.ram_budget, context=8192)
+                                          gpu_budget=budget.gpu_budget, ram_budget=budget.ram_budget, context=8192,
+                                          max_batch=1)  # the window asks for one answer at a time
     assert budget.placement.context == 8192
 
 

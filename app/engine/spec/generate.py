@@ -1,18 +1,12 @@
-"""Speculative decoding as a generator of events, like `app.engine.generate.generate`."""
+"""Speculative decoding of one sequence as a generator of events: the scheduler's loop, alone, with a drafter."""
 
-import time
 from collections.abc import Iterator
 
-import torch
-
-from app.engine.experts import CacheStats
-from app.engine.generate import check_prompt, generation_stats, stop_reason
-from app.engine.protocol import Done, SpecStep, Tokens
+from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
+from app.engine.scheduler import Sequence, run_alone
 from app.engine.spec.drafter import Drafter
-from app.engine.spec.sizer import BlockSizer
-from app.engine.spec.step import Speculator
 
 
 def speculative_generate(
@@ -33,67 +27,6 @@ def speculative_generate(
     its first guess of the host-to-device copy speed. The tokens are those `generate` would emit:
     identical when greedy, identically distributed when sampling.
     """
-    model = runner.model
-    check_prompt(prompt_ids, model.config.vocab_size)
-    cache = runner.begin()
-    cache.check_room(len(prompt_ids))
-    experts = model.experts
-    sizer = None if block_size else BlockSizer(experts, model.config.num_experts_per_tok, drafter.block_size,
-                                               fetch_bandwidth)
-    block_sizes: list[int] = []
-    accepted: list[int] = []
-    stats_before = experts.snapshot()
-    started = time.perf_counter()
-    with torch.inference_mode():
-        speculator = Speculator(runner, drafter, sampler)
-        token = sampler.sample(speculator.prefill(prompt_ids))
-        first_token_at = time.perf_counter()
-        emitted = 1
-        yield Tokens([token])
-        reason = stop_reason(token, emitted, max_new_tokens, stop_ids, cache.length, cache.capacity)
-        step_end = experts.snapshot()  # nothing touches the cache between two steps: one read per step
-        while reason is None:
-            room = min(max_new_tokens - emitted, cache.capacity - cache.length, drafter.block_size)
-            size = min(block_size, room) if block_size else sizer.choose(room)
-            step_before, step_started = step_end, time.perf_counter()
-            tokens, kept = speculator.step(token, size)
-            seconds = time.perf_counter() - step_started
-            step_end = experts.snapshot()
-            step = step_end.since(step_before)
-            if sizer:
-                sizer.record(size, kept, seconds, step.bytes_fetched / experts.store.expert_bytes)
-            block_sizes.append(size)
-            accepted.append(kept)
-            out = []
-            for token in tokens:  # the last one out is the next step's anchor
-                out.append(token)
-                emitted += 1
-                reason = stop_reason(token, emitted, max_new_tokens, stop_ids, len(prompt_ids) + emitted - 1,
-                                     cache.capacity)
-                if reason:
-                    break
-            yield Tokens(out, drafted=[i < kept for i in range(len(out))], spec=_spec_step(size, kept, step, experts))
-    stats = generation_stats(len(prompt_ids), emitted, started, first_token_at,
-                             model.experts.snapshot().since(stats_before))
-    stats["spec"] = {
-        "policy": "fixed" if block_size else "cost-aware",
-        "steps": len(block_sizes),
-        "block_sizes": block_sizes,
-        "accepted_per_step": accepted,
-        "mean_accepted": sum(accepted) / len(accepted) if accepted else 0.0,
-    }
-    yield Done(reason, stats)
-
-
-def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
-    figures = step.as_dict()
-    return SpecStep(
-        block_size=size,
-        accepted=kept,
-        experts_per_layer=(step.hits + step.misses) / len(experts.store.layers),
-        hits=step.hits,
-        misses=step.misses,
-        bytes_fetched=step.bytes_fetched,
-        prefetch_coverage=figures["prefetch_coverage"],
-        prefetch_waste=figures["prefetch_waste"],
-    )
+    sequence = Sequence(0, prompt_ids, runner, sampler, max_new_tokens, stop_ids, drafter=drafter,
+                        block_size=block_size, fetch_bandwidth=fetch_bandwidth)
+    return run_alone(runner.model, sequence)

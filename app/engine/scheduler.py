@@ -1,0 +1,228 @@
+"""One loop for every generation: a scheduler steps sequences, plain or speculative, alone or together.
+
+A sequence joins between steps (its prompt is prefilled alone and its first token emitted) and leaves as soon
+as it ends or is cancelled. Each step drafts a block for every speculative sequence ([anchor, *drafts]; a plain
+sequence's block is its last token), runs one target pass over all the blocks, then accepts and rewinds each
+sequence on its own. Alone, a sequence's pass is its runner's (a CUDA graph where one can run); together, the
+blocks share one batched pass (`forward_batch`: attention per sequence, each layer's routed experts once for all
+their tokens), so one expert sweep serves every sequence. `generate`, `speculative_generate`, the session and
+the server's batch are front doors to this loop.
+"""
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from app.engine.experts import CacheStats
+from app.engine.generation import check_prompt, generation_stats, stop_reason
+from app.engine.protocol import Done, SpecStep, Tokens
+from app.engine.runner import StepRunner
+from app.engine.sampling import Sampler
+from app.engine.spec.drafter import Drafter, Proposal
+from app.engine.spec.sizer import BlockSizer
+from app.engine.spec.step import Speculator
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One generation: its cache and passes (`runner`), its sampling, and with a drafter its speculation (a
+    forced `block_size`, else the cost-aware policy, which learns from the steps the sequence runs alone)."""
+
+    request_id: int
+    prompt_ids: list[int]
+    runner: StepRunner
+    sampler: Sampler
+    max_new_tokens: int
+    stop_ids: list[int]
+    parser: object | None = None  # the tokenizer's OutputParser: its pieces ride on the Tokens events
+    drafter: Drafter | None = None
+    block_size: int | None = None
+    fetch_bandwidth: float | None = None  # the policy's first guess of the copy speed, bytes/s
+    started: float = field(default_factory=time.perf_counter)
+    token: int = -1  # the last token emitted: the next step's input (its anchor)
+    emitted: int = 0
+    first_token_at: float = 0.0
+    expert_cache: CacheStats = field(default_factory=CacheStats)  # its prefill and every step it was in
+    steps: int = 0
+    batched_with: int = 0  # sum over its steps of the batch size
+    block_sizes: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    speculator: Speculator | None = None
+    sizer: BlockSizer | None = None
+
+    @property
+    def cache(self):
+        return self.runner.cache
+
+    @property
+    def capture(self) -> tuple[int, ...]:
+        return self.speculator.capture if self.speculator else ()
+
+
+@dataclass
+class _Plan:
+    """What one step runs for a sequence: its block, and the proposal behind its drafts."""
+
+    block: list[int]
+    proposal: Proposal | None = None
+
+
+class Scheduler:
+    """The sequences decoding on one model; `join` and `step` return the events they produced (Tokens per
+    sequence and step, and at a sequence's end its parser's last text and Done, whose stats add `spec` for a
+    speculative sequence and `batch`: steps and mean batch size). A step's expert-cache work counts in full for
+    each sequence in it."""
+
+    def __init__(self, model):
+        self.model = model
+        self.sequences: dict[int, Sequence] = {}
+        self._cache_stats = model.experts.snapshot()  # read once a step: with every expert resident a read syncs
+
+    def join(self, sequence: Sequence) -> list[Tokens | Done]:
+        model = self.model
+        assert sequence.request_id not in self.sequences, f"request {sequence.request_id} is already decoding"
+        check_prompt(sequence.prompt_ids, model.config.vocab_size)
+        sequence.runner.begin().check_room(len(sequence.prompt_ids))
+        before = self._cache_stats = model.experts.snapshot()
+        with torch.inference_mode():
+            if sequence.drafter is None:
+                sequence.runner.prepare([1])
+                logits = sequence.runner.prefill(sequence.prompt_ids)
+            else:
+                sequence.speculator = Speculator(sequence.runner, sequence.drafter, sequence.sampler)
+                if sequence.block_size is None:
+                    sequence.sizer = BlockSizer(model.experts, model.config.num_experts_per_tok,
+                                                sequence.drafter.block_size, sequence.fetch_bandwidth)
+                logits = sequence.speculator.prefill(sequence.prompt_ids)
+            sequence.token = sequence.sampler.sample(logits)
+        sequence.first_token_at = time.perf_counter()
+        self._cache_stats = model.experts.snapshot()
+        sequence.expert_cache = self._cache_stats.since(before)
+        self.sequences[sequence.request_id] = sequence
+        return self._emit(sequence, [sequence.token], 0, None)
+
+    def step(self) -> list[Tokens | Done]:
+        """One step of every sequence."""
+        sequences = list(self.sequences.values())
+        experts = self.model.experts
+        before, started = self._cache_stats, time.perf_counter()
+        with torch.inference_mode():
+            plans = [self._plan(sequence) for sequence in sequences]
+            outputs = self._target_pass(sequences, plans)
+            results = [self._accept(sequence, plan, logits, features)
+                       for sequence, plan, (logits, features) in zip(sequences, plans, outputs, strict=True)]
+        seconds = time.perf_counter() - started
+        self._cache_stats = experts.snapshot()
+        work = self._cache_stats.since(before)
+        events = []
+        for sequence, plan, (tokens, kept) in zip(sequences, plans, results, strict=True):
+            if sequence.sizer and len(sequences) == 1:  # what a step costs is learnt from the steps run alone
+                sequence.sizer.record(len(plan.block), kept, seconds, work.bytes_fetched / experts.store.expert_bytes)
+            sequence.expert_cache = sequence.expert_cache.plus(work)
+            sequence.steps += 1
+            sequence.batched_with += len(sequences)
+            if sequence.speculator:
+                sequence.block_sizes.append(len(plan.block))
+                sequence.accepted.append(kept)
+            events += self._emit(sequence, tokens, kept, _spec_step(len(plan.block), kept, work, experts)
+                                 if sequence.speculator else None)
+        return events
+
+    def leave(self, request_id: int) -> dict | None:
+        """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
+        sequence = self.sequences.pop(request_id, None)
+        if sequence is None:
+            return None
+        return self._stats(sequence)
+
+    def _plan(self, sequence: Sequence) -> _Plan:
+        if sequence.speculator is None:
+            return _Plan([sequence.token])
+        room = min(sequence.max_new_tokens - sequence.emitted, sequence.cache.capacity - sequence.cache.length,
+                   sequence.drafter.block_size)
+        size = min(sequence.block_size, room) if sequence.block_size else sequence.sizer.choose(room)
+        return _Plan(*sequence.speculator.draft(sequence.token, size))
+
+    def _target_pass(self, sequences: list[Sequence], plans: list[_Plan]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per sequence, its block's logits [B, V] and features [B, F] (empty without a drafter): alone from its
+        runner (features copied out of the graph: the drafter keeps them), together from one batched pass."""
+        if len(sequences) == 1:
+            (sequence,), (plan,) = sequences, plans
+            logits, features = sequence.runner.run(plan.block, sequence.capture)
+            return [(logits, features.clone() if sequence.speculator else None)]
+        capture = sequences[0].capture
+        device = self.model.device
+        blocks = [torch.tensor(plan.block, device=device) for plan in plans]
+        out = self.model.forward_batch(blocks, [sequence.cache for sequence in sequences], capture=capture)
+        self.model.experts.settle()
+        logits, features = out if capture else (out, None)
+        lengths = [len(plan.block) for plan in plans]
+        return list(zip(logits.split(lengths), features.split(lengths) if capture else [None] * len(lengths),
+                        strict=True))
+
+    def _accept(self, sequence: Sequence, plan: _Plan, logits: torch.Tensor,
+                features: torch.Tensor | None) -> tuple[list[int], int]:
+        if sequence.speculator is None:
+            return [sequence.sampler.sample(logits[-1])], 0
+        return sequence.speculator.accept(plan.block, plan.proposal, logits, features)
+
+    def _emit(self, sequence: Sequence, tokens: list[int], kept: int, spec: SpecStep | None) -> list[Tokens | Done]:
+        """Tokens up to the first that ends the sequence (a stop token, max new tokens, a full context); the
+        last one out is the next step's anchor."""
+        out, reason = [], None
+        for token in tokens:
+            out.append(token)
+            sequence.emitted += 1
+            reason = stop_reason(token, sequence.emitted, sequence.max_new_tokens, sequence.stop_ids,
+                                 len(sequence.prompt_ids) + sequence.emitted - 1, sequence.cache.capacity)
+            if reason:
+                break
+        sequence.token = out[-1]
+        parser = sequence.parser
+        drafted = [i < kept for i in range(len(out))] if spec else []
+        events = [Tokens(out, parser.feed(out) if parser else [], sequence.request_id, drafted, spec)]
+        if reason:
+            del self.sequences[sequence.request_id]
+            if parser:
+                events.append(Tokens([], parser.finish(), sequence.request_id))
+            events.append(Done(reason, self._stats(sequence), sequence.request_id))
+        return events
+
+    def _stats(self, sequence: Sequence) -> dict:
+        stats = generation_stats(len(sequence.prompt_ids), sequence.emitted, sequence.started,
+                                 sequence.first_token_at, sequence.expert_cache)
+        if sequence.speculator:
+            accepted = sequence.accepted
+            stats["spec"] = {
+                "policy": "fixed" if sequence.block_size else "cost-aware",
+                "steps": len(sequence.block_sizes),
+                "block_sizes": sequence.block_sizes,
+                "accepted_per_step": accepted,
+                "mean_accepted": sum(accepted) / len(accepted) if accepted else 0.0,
+            }
+        mean_size = sequence.batched_with / sequence.steps if sequence.steps else 0.0
+        return {**stats, "batch": {"steps": sequence.steps, "mean_size": mean_size}}
+
+
+def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
+    figures = step.as_dict()
+    return SpecStep(
+        block_size=size,
+        accepted=kept,
+        experts_per_layer=(step.hits + step.misses) / len(experts.store.layers),
+        hits=step.hits,
+        misses=step.misses,
+        bytes_fetched=step.bytes_fetched,
+        prefetch_coverage=figures["prefetch_coverage"],
+        prefetch_waste=figures["prefetch_waste"],
+    )
+
+
+def run_alone(model, sequence: Sequence) -> Iterator[Tokens | Done]:
+    """One sequence through the scheduler's loop, its events as they come."""
+    scheduler = Scheduler(model)
+    yield from scheduler.join(sequence)
+    while scheduler.sequences:
+        yield from scheduler.step()
