@@ -81,20 +81,6 @@ void down_projection(const struct routing *r, const struct pairs *p, const float
     }
 }
 
-float load_float(const uint8_t *base, int32_t dtype, int64_t index) {
-    if (dtype == DTYPE_BF16) {
-        uint16_t half;
-        memcpy(&half, base + 2 * index, 2);
-        uint32_t bits = (uint32_t)half << 16;
-        float value;
-        memcpy(&value, &bits, 4);
-        return value;
-    }
-    float value;
-    memcpy(&value, base + 4 * index, 4);
-    return value;
-}
-
 static int detected, avx2;
 
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -6,6 +6,7 @@
 #define MOECHAT_CPU_EXPERTS_H
 
 #include <stdint.h>
+#include <string.h>
 
 enum dtype { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_U8 = 2, DTYPE_FP8_E4M3 = 3 };
 enum scale_layout { SCALE_NONE = 0, SCALE_PER_ROW = 1, SCALE_BLOCKS = 2 };
@@ -69,7 +70,19 @@ void down_projection(const struct routing *r, const struct pairs *p, const float
                      matrix_of_slot down, tile_function tile, const void *experts, const struct arena *bias,
                      int64_t begin, int64_t end);
 
-float load_float(const uint8_t *base, int32_t dtype, int64_t index);
+/* base[index] of a float32 or bf16 tensor */
+static inline float load_float(const uint8_t *base, int32_t dtype, int64_t index) {
+    float value;
+    if (dtype == DTYPE_BF16) {
+        uint16_t half;
+        memcpy(&half, base + 2 * index, 2);
+        const uint32_t bits = (uint32_t)half << 16;
+        memcpy(&value, &bits, 4);
+    } else {
+        memcpy(&value, base + 4 * index, 4);
+    }
+    return value;
+}
 int has_avx2(void);
 int use_avx2(int wanted); /* tests run the scalar path too; returns whether AVX2 is now used */
 
