@@ -73,6 +73,11 @@ def glu_experts_cpu(
     fp8_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """`glu_experts_torch` in C on the CPU's cores, reading the arenas (FP8, bf16 or float32) where they lie."""
+    experts = cpu.described(arenas, lambda: _glu_description(arenas, fp8_block), fp8_block)
+    return cpu.run("glu_experts", hidden, slots, weights, experts)
+
+
+def _glu_description(arenas: dict[str, torch.Tensor], fp8_block: tuple[int, int] | None) -> "cpu.GluExperts":
     width, size = arenas["gate_proj.weight"].shape[1:]
     if f"gate_proj.{BLOCK_SCALE}" in arenas:
         assert fp8_block is not None, "block scales need the checkpoint's weight_block_size"
@@ -80,10 +85,9 @@ def glu_experts_cpu(
     else:
         layout, suffix, block = "per_row", PER_CHANNEL_SCALE, (0, 0)
     scales = [arenas.get(f"{name}.{suffix}") for name in PROJECTIONS]
-    experts = cpu.GluExperts(width, size, cpu.SCALE_LAYOUTS[layout], *block,
-                             (cpu.Arena * 3)(*(cpu.arena(arenas[f"{name}.weight"]) for name in PROJECTIONS)),
-                             (cpu.Arena * 3)(*(cpu.Arena() if s is None else cpu.arena(s) for s in scales)))
-    return cpu.run("glu_experts", hidden, slots, weights, experts)
+    return cpu.GluExperts(width, size, cpu.SCALE_LAYOUTS[layout], *block,
+                          (cpu.Arena * 3)(*(cpu.arena(arenas[f"{name}.weight"]) for name in PROJECTIONS)),
+                          (cpu.Arena * 3)(*(cpu.Arena() if s is None else cpu.arena(s) for s in scales)))
 
 
 def glu_experts_from_table(

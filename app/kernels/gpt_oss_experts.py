@@ -83,7 +83,8 @@ def gpt_oss_experts_cpu(
 ) -> torch.Tensor:
     """`gpt_oss_experts_torch` in C on the CPU's cores, reading MXFP4 arenas where they lie."""
     width, size = arenas["gate_up_proj_bias"].shape[1] // 2, hidden.shape[1]
-    experts = cpu.GptOssExperts(width, size, limit, alpha, *(cpu.arena(arenas[name]) for name in MXFP4_TENSORS))
+    experts = cpu.described(arenas, lambda: cpu.GptOssExperts(
+        width, size, limit, alpha, *(cpu.arena(arenas[name]) for name in MXFP4_TENSORS)), size, limit, alpha)
     return cpu.run("gpt_oss_experts", hidden, slots, weights, experts)
 
 

@@ -8,6 +8,7 @@ The structures mirror experts.h, gpt_oss_experts.c and glu_experts.c.
 
 import ctypes
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -61,6 +62,18 @@ def built() -> bool:
         print(NOT_BUILT, file=sys.stderr)
         return False
     return True
+
+
+_described: dict[tuple, ctypes.Structure] = {}
+
+
+def described(arenas: dict[str, torch.Tensor], describe: Callable[[], ctypes.Structure], *options) -> ctypes.Structure:
+    """`describe()`, the kernel's structure for these arenas, made once: it depends on nothing but their addresses,
+    layouts and `options`, which the key holds."""
+    key = (*((t.data_ptr(), t.dtype, t.shape, t.stride()) for t in arenas.values()), *options)
+    if key not in _described:
+        _described[key] = describe()
+    return _described[key]
 
 
 def arena(tensor: torch.Tensor) -> Arena:
