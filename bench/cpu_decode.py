@@ -143,8 +143,8 @@ def main() -> None:
     predicted = predict_decode(facts, plan_placement(facts, None, None, 2048, 4), 4, CPU_HARDWARE).tok_s_low
     measured = statistics.median(engine[best_engine])
     report = {
-        "machine": {**cpu_machine(), "cpu_model": _cpu_model(), "load_average_before": load_before,
-                    "load_average_after": os.getloadavg()},
+        "machine": {**cpu_machine(), "torch_threads": threads, "cpu_model": _cpu_model(),
+                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
         "commands": {
             "this": " ".join(["python", *sys.argv]),
             "engine": "Session.load(DEMO_MODEL, context=2048, dtype='float32', device='cpu'), greedy, "

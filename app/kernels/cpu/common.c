@@ -1,6 +1,10 @@
-/* Pairs grouped by expert, per-thread scratch, scalar loads, the CPU's features and the split between threads. */
+/* A layer's run: pairs grouped by expert, per-thread scratch, the split between threads, the down projection; and
+ * the CPU's features. */
 #include <stdlib.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "experts.h"
 
@@ -26,7 +30,8 @@ static void *thread_storage(size_t bytes) {
     return storage;
 }
 
-int group_pairs(const struct routing *r, struct pairs *p, int64_t floats, float **scratch) {
+/* The thread's pairs and `floats` floats of scratch for activations; both live until its next call. */
+static int group_pairs(const struct routing *r, struct pairs *p, int64_t floats, float **scratch) {
     const int64_t n = r->tokens * r->picks;
     /* picks, then token, weight, slot, first (n + 1), then the scratch floats, each 64-byte aligned */
     const size_t picks = (n * sizeof(struct pick) + 63) & ~(size_t)63, column = (n * 8 + 8 + 63) & ~(size_t)63;
@@ -56,12 +61,13 @@ int group_pairs(const struct routing *r, struct pairs *p, int64_t floats, float 
     return STATUS_OK;
 }
 
-void down_projection(const struct routing *r, const struct pairs *p, const float *activations, int64_t width,
-                     matrix_of_slot down, tile_function tile, const void *experts, const struct arena *bias,
-                     int64_t begin, int64_t end) {
+static void down_projection(const struct routing *r, const struct pairs *p, const float *activations,
+                            const void *experts, const struct layer *layer, int64_t begin, int64_t end) {
+    const int64_t width = layer->width;
+    const struct arena *bias = layer->bias;
     for (int64_t t = 0; t < r->tokens; t++) memset(r->out + t * r->hidden + begin, 0, (end - begin) * sizeof(float));
     for (int64_t g = 0; g < p->groups; g++) {
-        const struct matrix m = down(experts, p->slot[g]);
+        const struct matrix m = layer->down(experts, p->slot[g]);
         const uint8_t *b = bias ? bias->base + p->slot[g] * bias->slot_bytes : NULL;
         for (int64_t p0 = p->first[g]; p0 < p->first[g + 1]; p0 += TILE_TOKENS) {
             const int n = p->first[g + 1] - p0 < TILE_TOKENS ? (int)(p->first[g + 1] - p0) : TILE_TOKENS;
@@ -70,7 +76,7 @@ void down_projection(const struct routing *r, const struct pairs *p, const float
             for (int64_t h = begin; h < end; h += TILE_ROWS) {
                 const int64_t count = end - h < TILE_ROWS ? end - h : TILE_ROWS;
                 float y[TILE_TOKENS * TILE_ROWS];
-                tile(&m, h, count, x, n, y);
+                layer->tile(&m, h, count, x, n, y);
                 for (int i = 0; i < n; i++) {
                     float *out = r->out + p->token[p0 + i] * r->hidden + h;
                     for (int64_t q = 0; q < count; q++)
@@ -98,10 +104,32 @@ int use_avx2(int wanted) {
     return avx2;
 }
 
-void thread_range(int64_t total, int64_t granule, int thread, int threads, int64_t *begin, int64_t *end) {
+/* [begin, end) of `total` units for one of `threads` threads, cut at multiples of `granule`. */
+static void thread_range(int64_t total, int64_t granule, int thread, int threads, int64_t *begin, int64_t *end) {
     const int64_t units = (total + granule - 1) / granule;
     *begin = units * thread / threads * granule;
     *end = units * (thread + 1) / threads * granule;
     if (*begin > total) *begin = total;
     if (*end > total) *end = total;
+}
+
+int run_layer(const struct routing *r, const void *experts, const struct layer *layer) {
+    struct pairs p;
+    float *activations;
+    if (group_pairs(r, &p, r->tokens * r->picks * layer->width, &activations) != STATUS_OK) return STATUS_NO_MEMORY;
+#pragma omp parallel num_threads(r->threads) if (r->threads > 1)
+    {
+        int thread = 0, threads = 1;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+        threads = omp_get_num_threads();
+#endif
+        int64_t begin, end;
+        thread_range(layer->width, layer->granule, thread, threads, &begin, &end);
+        layer->gate_up(r, &p, experts, activations, begin, end);
+#pragma omp barrier
+        thread_range(r->hidden, TILE_ROWS, thread, threads, &begin, &end);
+        down_projection(r, &p, activations, experts, layer, begin, end);
+    }
+    return STATUS_OK;
 }

@@ -37,9 +37,6 @@ struct pairs {
     int64_t *first;
 };
 
-/* The thread's pairs and `floats` floats of scratch for activations; both live until its next call. */
-int group_pairs(const struct routing *r, struct pairs *p, int64_t floats, float **scratch);
-
 #define TILE_TOKENS 8
 #define TILE_ROWS 16
 
@@ -64,11 +61,19 @@ typedef void (*tile_function)(const struct matrix *m, int64_t first, int64_t cou
                               float *y);
 typedef struct matrix (*matrix_of_slot)(const void *experts, int64_t slot);
 
-/* The second half of a layer, rows [begin, end) of out: out[t] = sum over t's pairs of weight * (down(slot) .
- * activation[pair] + bias[slot]), activations [pairs, width]; bias (float32 or bf16 [H] a slot) may be NULL. */
-void down_projection(const struct routing *r, const struct pairs *p, const float *activations, int64_t width,
-                     matrix_of_slot down, tile_function tile, const void *experts, const struct arena *bias,
-                     int64_t begin, int64_t end);
+/* A layer's two halves. `gate_up` writes activations [pairs, width] for features [begin, end) of every pair; the
+ * down projection then gives out[t] = sum over t's pairs of weight * (down(slot) . activation + bias[slot]), bias
+ * (float32 or bf16 [H] a slot) NULL for none. Threads split the features, then out's rows. */
+struct layer {
+    int64_t width, granule;
+    void (*gate_up)(const struct routing *r, const struct pairs *p, const void *experts, float *activations,
+                    int64_t begin, int64_t end);
+    matrix_of_slot down;
+    tile_function tile;
+    const struct arena *bias;
+};
+
+int run_layer(const struct routing *r, const void *experts, const struct layer *layer);
 
 /* base[index] of a float32 or bf16 tensor */
 static inline float load_float(const uint8_t *base, int32_t dtype, int64_t index) {
@@ -85,8 +90,5 @@ static inline float load_float(const uint8_t *base, int32_t dtype, int64_t index
 }
 int has_avx2(void);
 int use_avx2(int wanted); /* tests run the scalar path too; returns whether AVX2 is now used */
-
-/* [begin, end) of `total` units for one of `threads` threads, cut at multiples of `granule`. */
-void thread_range(int64_t total, int64_t granule, int thread, int threads, int64_t *begin, int64_t *end);
 
 #endif

@@ -3,9 +3,6 @@
  * glu_experts_torch (app/kernels/glu_experts.py). */
 #include <math.h>
 #include <stddef.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "experts.h"
 
@@ -30,8 +27,9 @@ static struct matrix projection_of(const struct glu_experts *e, enum projection 
 static struct matrix down_of(const void *experts, int64_t slot) { return projection_of(experts, DOWN, slot); }
 
 /* activations[pair][j] = silu(gate . x) * (up . x) for the thread's features [begin, end) of every pair */
-static void gate_up(const struct routing *r, const struct pairs *p, const struct glu_experts *e, float *activations,
+static void gate_up(const struct routing *r, const struct pairs *p, const void *experts, float *activations,
                     int64_t begin, int64_t end) {
+    const struct glu_experts *e = experts;
     for (int64_t g = 0; g < p->groups; g++) {
         const struct matrix gate = projection_of(e, GATE, p->slot[g]), up = projection_of(e, UP, p->slot[g]);
         for (int64_t p0 = p->first[g]; p0 < p->first[g + 1]; p0 += TILE_TOKENS) {
@@ -56,22 +54,6 @@ static void gate_up(const struct routing *r, const struct pairs *p, const struct
 int glu_experts(const struct routing *r, const struct glu_experts *e) {
     if (e->hidden != r->hidden || (e->scale_layout == SCALE_BLOCKS && (e->block_rows < 1 || e->block_cols < 1)))
         return STATUS_BAD_ARGUMENT;
-    struct pairs p;
-    float *activations;
-    if (group_pairs(r, &p, r->tokens * r->picks * e->width, &activations) != STATUS_OK) return STATUS_NO_MEMORY;
-#pragma omp parallel num_threads(r->threads) if (r->threads > 1)
-    {
-        int thread = 0, threads = 1;
-#ifdef _OPENMP
-        thread = omp_get_thread_num();
-        threads = omp_get_num_threads();
-#endif
-        int64_t begin, end;
-        thread_range(e->width, TILE_ROWS, thread, threads, &begin, &end);
-        gate_up(r, &p, e, activations, begin, end);
-#pragma omp barrier
-        thread_range(r->hidden, TILE_ROWS, thread, threads, &begin, &end);
-        down_projection(r, &p, activations, e->width, down_of, dense_tile, e, NULL, begin, end);
-    }
-    return STATUS_OK;
+    const struct layer layer = {e->width, TILE_ROWS, gate_up, down_of, dense_tile, NULL};
+    return run_layer(r, e, &layer);
 }

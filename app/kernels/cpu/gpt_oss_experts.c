@@ -2,9 +2,6 @@
  * clamped SwiGLU, MXFP4 down [H, W] plus its bias, each expert's output weighted by the router. The torch reference
  * is gpt_oss_experts_torch (app/kernels/gpt_oss_experts.py). */
 #include <math.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "experts.h"
 
@@ -32,8 +29,9 @@ static float clamped_swiglu(float gate, float up, float limit, float alpha) {
 }
 
 /* activations[pair][j] for the thread's features [begin, end) of every pair */
-static void gate_up(const struct routing *r, const struct pairs *p, const struct gpt_oss_experts *e,
-                    float *activations, int64_t begin, int64_t end) {
+static void gate_up(const struct routing *r, const struct pairs *p, const void *experts, float *activations,
+                    int64_t begin, int64_t end) {
+    const struct gpt_oss_experts *e = experts;
     for (int64_t g = 0; g < p->groups; g++) {
         const struct matrix m = mxfp4_matrix(&e->gate_up_blocks, &e->gate_up_scales, p->slot[g], 2 * e->width,
                                              r->hidden);
@@ -59,22 +57,6 @@ static void gate_up(const struct routing *r, const struct pairs *p, const struct
 
 int gpt_oss_experts(const struct routing *r, const struct gpt_oss_experts *e) {
     if (e->hidden != r->hidden || r->hidden % 32 || e->width % 32) return STATUS_BAD_ARGUMENT;
-    struct pairs p;
-    float *activations;
-    if (group_pairs(r, &p, r->tokens * r->picks * e->width, &activations) != STATUS_OK) return STATUS_NO_MEMORY;
-#pragma omp parallel num_threads(r->threads) if (r->threads > 1)
-    {
-        int thread = 0, threads = 1;
-#ifdef _OPENMP
-        thread = omp_get_thread_num();
-        threads = omp_get_num_threads();
-#endif
-        int64_t begin, end;
-        thread_range(e->width, TILE_ROWS / 2, thread, threads, &begin, &end);
-        gate_up(r, &p, e, activations, begin, end);
-#pragma omp barrier
-        thread_range(r->hidden, TILE_ROWS, thread, threads, &begin, &end);
-        down_projection(r, &p, activations, e->width, down_of, mxfp4_tile, e, &e->down_bias, begin, end);
-    }
-    return STATUS_OK;
+    const struct layer layer = {e->width, TILE_ROWS / 2, gate_up, down_of, mxfp4_tile, &e->down_bias};
+    return run_layer(r, e, &layer);
 }
