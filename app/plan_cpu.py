@@ -3,6 +3,9 @@
 
 from app.plan import Hardware, LayerOverheads
 
-# A desktop CPU: dual-channel DDR5, copies inside RAM, a few AVX cores; eager torch layers cost ~4 ms each
-# there (the demo model on a 2-core CPU, bench/results/demo-model-cpu-*.json).
-CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=60e9, flops=1e12, overheads=LayerOverheads(4e-3, 4e-3))
+# As measured decoding the demo model on a 2-core EPYC shared with other work (bench/results/cpu-decode-demo-*.json,
+# bench/NOTES.md): the C expert kernels multiply MXFP4 experts at ~12 GFLOP/s at batch 1 (decoding the weights
+# bounds them, not memory), float32 matrix-vector products stream ~35 GB/s, and eager torch costs 0.65-1.2 ms a
+# layer around them (attention, norms, router: about 75 small ops; the more other work shares the cores, the more),
+# 0.85 ms here.
+CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=35e9, flops=12e9, overheads=LayerOverheads(0.85e-3, 0.85e-3))

@@ -1,7 +1,8 @@
 """Routed experts: an `ExpertStore` in host memory (or on disk) and an `ExpertCache` of device slots.
 
 Experts keep their checkpoint format (MXFP4, FP8, bf16) in both places; kernels dequantize them at
-compute time. On CPU the cache is still a separate arena, so the fetch mechanics run in CI too.
+compute time. On the CPU a cache that holds every expert reads the store in place (`ExpertCache.over_host_store`,
+chosen by the loader); one with fewer slots is still a separate arena, so the fetch mechanics run in CI too.
 """
 
 from collections.abc import Callable, Iterator
@@ -76,6 +77,19 @@ class ExpertStore:
     def all_in_host_memory(self) -> bool:
         return not self._on_disk
 
+    def host_arenas(self) -> ExpertTensors:
+        """Every expert as arenas [layers * experts, ...] over the host allocation, in layer order (expert e of the
+        i-th MoE layer is slot i * num_experts + e); slots lie `aligned_bytes` of one expert apart."""
+        assert self.all_in_host_memory
+        first = self.expert(self.layers[0], 0)
+        count, spacing, start = len(self._experts), aligned_bytes(first.values()), self.host.buffer.data_ptr()
+        arenas = {}
+        for name, tensor in first.items():
+            size = tensor.element_size()
+            arenas[name] = self.host.buffer.view(tensor.dtype).as_strided(
+                (count, *tensor.shape), (spacing // size, *tensor.stride()), (tensor.data_ptr() - start) // size)
+        return arenas
+
 
 @dataclass
 class CacheStats:
@@ -121,13 +135,14 @@ class ExpertCache:
     host takes in what the device did when `settle` is called between passes.
     """
 
-    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, prefetch_layers: int = 0):
+    def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, prefetch_layers: int = 0,
+                 arenas: ExpertTensors | None = None):
         template = store.expert(store.layers[0], 0)
         self.store = store
         self.num_slots = num_slots
         self.prefetch_layers = prefetch_layers
         self.device = device
-        self.arenas = {
+        self.arenas = arenas or {
             name: torch.empty((num_slots, *t.shape), dtype=t.dtype, device=device) for name, t in template.items()
         }
         # the extra last column stays -1: OTHER_DEVICE indexes it, so such picks get no slot
@@ -145,6 +160,20 @@ class ExpertCache:
         self._resident_uses = torch.zeros((), dtype=torch.long, device=device)
         self._single_token_graphs: dict[tuple, SingleTokenGraph] = {}
         self.stats = CacheStats()
+
+    @classmethod
+    def over_host_store(cls, store: ExpertStore, prefetch_layers: int = 0) -> "ExpertCache":
+        """On the CPU with every expert in host memory: the slots are the store's own experts, read where they lie
+        (nothing copied, no second copy in RAM), so the cache is complete from the start."""
+        count = len(store.layers) * store.num_experts
+        cache = cls(store, count, torch.device("cpu"), prefetch_layers, arenas=store.host_arenas())
+        slots = torch.arange(count).view(len(store.layers), store.num_experts)
+        cache.slot_table[torch.tensor(store.layers), : store.num_experts] = slots
+        cache.slot_of = {(layer, expert): int(slots[i, expert]) for i, layer in enumerate(store.layers)
+                         for expert in range(store.num_experts)}
+        cache.free_slots = []
+        cache.complete = True
+        return cache
 
     def preload(self, keys: list[ExpertKey]) -> None:
         """Fill free slots before decoding starts (not counted as misses: nothing waits for them)."""

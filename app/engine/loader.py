@@ -51,6 +51,13 @@ def expert_devices(device: torch.device, count: int) -> list[torch.device]:
     return [torch.device("cuda", index) for index in range(count)]
 
 
+def reads_store_in_place(device: torch.device, placement: Placement, facts: ModelFacts, store: ExpertStore) -> bool:
+    """The CPU's kernels (C or torch) read every expert from the host store, no cache arena needed; Triton's
+    interpreter keeps the arena its kernels' contiguous slots need."""
+    complete = placement.expert_slots >= facts.total_experts and store.all_in_host_memory
+    return device.type == "cpu" and not triton_runs(device) and complete
+
+
 def load_model(
     folder: ModelFolder,
     device: str = "cpu",
@@ -90,6 +97,8 @@ def load_model(
     if gpu_placements:
         cache = ExpertParallelCache(store, [p.expert_slots for p in gpu_placements], devices, prefetch_layers)
         cache.preload_owned()
+    elif reads_store_in_place(torch_device, placement, facts, store):
+        cache = ExpertCache.over_host_store(store, prefetch_layers)
     else:
         cache = ExpertCache(store, placement.expert_slots, torch_device, prefetch_layers)
         if placement.expert_slots >= facts.total_experts:

@@ -6,8 +6,9 @@ An FP8 weight has its scale beside it: `<proj>.weight_scale` [S, out, 1] (compre
 channel) or `<proj>.weight_scale_inv` [S, ceil(out / b0), ceil(in / b1)] (fp8, `fp8_block` = (b0, b1)).
 Weights are dequantized at compute time, so the cache keeps the checkpoint's bytes.
 
-`glu_experts` runs the Triton kernels of glu_experts_triton.py; `glu_experts_torch` is the reference with
-the same signature; `glu_experts_op` picks one for a device.
+`glu_experts` runs the Triton kernels of glu_experts_triton.py, `glu_experts_cpu` the C kernel of
+cpu/glu_experts.c; `glu_experts_torch` is the reference with the same signature; `glu_experts_op` picks one for a
+device.
 """
 
 from collections.abc import Callable
@@ -18,7 +19,9 @@ import torch
 from app.engine.fp8 import dequantize
 from app.engine.layers import silu_glu
 from app.kernels.choice import kernel_or_reference, triton_runs
+from app.kernels.cpu import library as cpu
 from app.kernels.expert_op import ExpertOp
+from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -62,6 +65,31 @@ def glu_experts(
     return run_experts(hidden, arenas, slots, weights, fp8_block)
 
 
+def glu_experts_cpu(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    fp8_block: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """`glu_experts_torch` in C on the CPU's cores, reading the arenas (FP8, bf16 or float32) where they lie."""
+    experts = cpu.described(arenas, lambda: _glu_description(arenas, fp8_block), fp8_block)
+    return cpu.run("glu_experts", hidden, slots, weights, experts)
+
+
+def _glu_description(arenas: dict[str, torch.Tensor], fp8_block: tuple[int, int] | None) -> "cpu.GluExperts":
+    width, size = arenas["gate_proj.weight"].shape[1:]
+    if f"gate_proj.{BLOCK_SCALE}" in arenas:
+        assert fp8_block is not None, "block scales need the checkpoint's weight_block_size"
+        layout, suffix, block = "blocks", BLOCK_SCALE, fp8_block
+    else:
+        layout, suffix, block = "per_row", PER_CHANNEL_SCALE, (0, 0)
+    scales = [arenas.get(f"{name}.{suffix}") for name in PROJECTIONS]
+    return cpu.GluExperts(width, size, cpu.SCALE_LAYOUTS[layout], *block,
+                          (cpu.Arena * 3)(*(cpu.arena(arenas[f"{name}.weight"]) for name in PROJECTIONS)),
+                          (cpu.Arena * 3)(*(cpu.Arena() if s is None else cpu.arena(s) for s in scales)))
+
+
 def glu_experts_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
@@ -78,7 +106,7 @@ def glu_experts_from_table(
 
 
 def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
-    return kernel_or_reference(device, glu_experts, glu_experts_torch)
+    return kernel_or_reference(device, glu_experts, glu_experts_torch, glu_experts_cpu)
 
 
 def glu_expert_op(device: torch.device, fp8_block: tuple[int, int] | None) -> ExpertOp:

@@ -4,8 +4,9 @@ Weights come in either checkpoint format: MXFP4 (`gate_up_proj_blocks/_scales`, 
 features) or dequantized (`gate_up_proj` [S, H, 2W], `down_proj` [S, W, H]). Biases are always
 `gate_up_proj_bias` [S, 2W] and `down_proj_bias` [S, H].
 
-`gpt_oss_experts` runs the Triton kernels of gpt_oss_experts_triton.py; `gpt_oss_experts_torch` is
-the reference with the same signature; `gpt_oss_experts_op` picks one for a device.
+`gpt_oss_experts` runs the Triton kernels of gpt_oss_experts_triton.py, `gpt_oss_experts_cpu` the C kernel of
+cpu/gpt_oss_experts.c (MXFP4 only); `gpt_oss_experts_torch` is the reference with the same signature;
+`gpt_oss_experts_op` picks one for a device.
 """
 
 from collections.abc import Callable
@@ -15,7 +16,11 @@ import torch
 
 from app.engine.mxfp4 import decode_mxfp4
 from app.kernels.choice import kernel_or_reference, triton_runs
+from app.kernels.cpu import library as cpu
 from app.kernels.expert_op import ExpertOp
+
+MXFP4_TENSORS = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
+                 "down_proj_scales", "down_proj_bias")
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
@@ -68,6 +73,21 @@ def gpt_oss_experts(
     return run_experts(hidden, arenas, slots, weights, limit, alpha)
 
 
+def gpt_oss_experts_cpu(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    slots: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float,
+    alpha: float,
+) -> torch.Tensor:
+    """`gpt_oss_experts_torch` in C on the CPU's cores, reading MXFP4 arenas where they lie."""
+    width, size = arenas["gate_up_proj_bias"].shape[1] // 2, hidden.shape[1]
+    experts = cpu.described(arenas, lambda: cpu.GptOssExperts(
+        width, size, limit, alpha, *(cpu.arena(arenas[name]) for name in MXFP4_TENSORS)), size, limit, alpha)
+    return cpu.run("gpt_oss_experts", hidden, slots, weights, experts)
+
+
 def gpt_oss_experts_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
@@ -84,12 +104,13 @@ def gpt_oss_experts_from_table(
     return run_from_table(hidden, arenas, table, rows, weights, limit, alpha)
 
 
-def gpt_oss_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
-    return kernel_or_reference(device, gpt_oss_experts, gpt_oss_experts_torch)
+def gpt_oss_experts_op(device: torch.device, mxfp4: bool = True) -> Callable[..., torch.Tensor]:
+    """The op for arenas in MXFP4 (`mxfp4`) or dequantized, which only the Triton kernels and the reference read."""
+    return kernel_or_reference(device, gpt_oss_experts, gpt_oss_experts_torch, gpt_oss_experts_cpu if mxfp4 else None)
 
 
-def gpt_oss_expert_op(device: torch.device, limit: float, alpha: float) -> ExpertOp:
+def gpt_oss_expert_op(device: torch.device, limit: float, alpha: float, mxfp4: bool) -> ExpertOp:
     """The op a GPT-OSS model hands its expert cache."""
     by_table = partial(gpt_oss_experts_from_table, limit=limit, alpha=alpha) if triton_runs(device) else None
-    return ExpertOp(partial(gpt_oss_experts_op(device), limit=limit, alpha=alpha), by_table,
+    return ExpertOp(partial(gpt_oss_experts_op(device, mxfp4), limit=limit, alpha=alpha), by_table,
                     capturable=device.type == "cuda")

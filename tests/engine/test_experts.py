@@ -64,3 +64,18 @@ def test_run_handles_more_experts_than_slots_in_groups():
     expected_per_token = torch.tensor([0.5 * 10 + 0.5 * 11, 0.25 * 12 + 0.75 * 13, 1.0 * 13])
     assert torch.allclose(out, expected_per_token[:, None].expand(3, 3))
     assert cache.stats.misses == 4
+
+
+def test_a_cpu_cache_over_the_host_store_reads_every_expert_where_it_lies():
+    store = ExpertStore(numbered_expert, LAYERS, EXPERTS, host_experts=len(LAYERS) * EXPERTS, pin=False)
+    cache = ExpertCache.over_host_store(store)
+    assert cache.complete and cache.resident() == {(layer, e) for layer in LAYERS for e in range(EXPERTS)}
+    buffer = store.host.buffer.untyped_storage().data_ptr()
+    for name, arena in cache.arenas.items():
+        assert arena.untyped_storage().data_ptr() == buffer  # views of the store: nothing copied
+        for layer in LAYERS:
+            for expert in range(EXPERTS):
+                slot = int(cache.slot_table[layer, expert])
+                assert arena[slot].data_ptr() == store.expert(layer, expert)[name].data_ptr()
+                assert torch.equal(arena[slot], numbered_expert(layer, expert)[name])
+    assert int(cache.slot_table[0, EXPERTS]) == -1  # the column of other devices' picks stays empty

@@ -5,11 +5,18 @@ when each kernel is defined, and by the time pytest reaches this folder other te
 it for real. So a run without the variable collects only the runner below, which tests this folder
 again in a child pytest that has TRITON_INTERPRET=1. The variable never reaches the rest of the
 suite, which keeps the torch path on the CPU. Tests of compiled kernels on a GPU (`*_cuda.py`, skipped
-without one) run in the ordinary pytest and never in the interpreter.
+without one) run in the ordinary pytest and never in the interpreter. The C kernels' tests (`*_cpu.py`) need no
+interpreter but run in the child with the rest; the fixtures below are theirs.
 """
 
 import os
 from pathlib import Path
+
+import pytest
+import torch
+
+from app.kernels.cpu import library
+from tests.kernels.cpu_kernels import a_compiler_exists
 
 RUNNER = "test_in_triton_interpreter.py"
 
@@ -21,3 +28,31 @@ else:
     collect_ignore = [
         path.name for path in Path(__file__).parent.glob("test_*.py") if path.name not in (RUNNER, *CUDA_TESTS)
     ]
+
+
+@pytest.fixture
+def built_library():
+    """The CPU kernels must be built wherever a C compiler exists: an install that failed to build them must not
+    pass as a machine without a compiler."""
+    if library.library() is None:
+        if a_compiler_exists():
+            pytest.fail("a C compiler exists but the CPU expert kernels are not built: run `pip install -e .`")
+        pytest.skip("no C compiler on this machine: the CPU expert kernels cannot be built")
+
+
+@pytest.fixture(params=["avx2", "portable"])
+def vector_path(request):
+    """Each test once with AVX2 (where the CPU has it) and once on the portable C."""
+    wanted = request.param == "avx2"
+    if library.use_avx2(wanted) != wanted:
+        pytest.skip("this CPU has no AVX2")
+    yield request.param
+    library.use_avx2(True)
+
+
+@pytest.fixture(params=[1, 2])
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

@@ -143,7 +143,8 @@ class GptOss:
                 "router_bias": load(p + "mlp.router.bias", (c.num_local_experts,)),
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
-        self.run_experts = gpt_oss_expert_op(device, c.swiglu_limit, c.swiglu_alpha)
+        self.run_experts = gpt_oss_expert_op(device, c.swiglu_limit, c.swiglu_alpha,
+                                             mxfp4="gate_up_proj_blocks" in experts.arenas)
         self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
 
     def new_kv_cache(self, capacity: int) -> KVCache:

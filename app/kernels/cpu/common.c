@@ -1,0 +1,135 @@
+/* A layer's run: pairs grouped by expert, per-thread scratch, the split between threads, the down projection; and
+ * the CPU's features. */
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "experts.h"
+
+struct pick {
+    int64_t slot, position;
+};
+
+static int by_slot_then_position(const void *a, const void *b) {
+    const struct pick *x = a, *y = b;
+    if (x->slot != y->slot) return x->slot < y->slot ? -1 : 1;
+    return x->position < y->position ? -1 : x->position > y->position;
+}
+
+static _Thread_local void *storage;
+static _Thread_local size_t storage_bytes;
+
+static void *thread_storage(size_t bytes) {
+    if (bytes > storage_bytes) {
+        free(storage);
+        storage = malloc(bytes);
+        storage_bytes = storage ? bytes : 0;
+    }
+    return storage;
+}
+
+/* The thread's pairs and `floats` floats of scratch for activations; both live until its next call. */
+static int group_pairs(const struct routing *r, struct pairs *p, int64_t floats, float **scratch) {
+    const int64_t n = r->tokens * r->picks;
+    /* picks, then token, weight, slot, first (n + 1), then the scratch floats, each 64-byte aligned */
+    const size_t picks = (n * sizeof(struct pick) + 63) & ~(size_t)63, column = (n * 8 + 8 + 63) & ~(size_t)63;
+    uint8_t *base = thread_storage(picks + 4 * column + floats * sizeof(float));
+    if (!base) return STATUS_NO_MEMORY;
+    struct pick *sorted = (struct pick *)base;
+    p->token = (int64_t *)(base + picks);
+    p->weight = (float *)(base + picks + column);
+    p->slot = (int64_t *)(base + picks + 2 * column);
+    p->first = (int64_t *)(base + picks + 3 * column);
+    *scratch = (float *)(base + picks + 4 * column);
+    p->count = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (r->slots[i] >= 0) sorted[p->count++] = (struct pick){r->slots[i], i};
+    }
+    qsort(sorted, p->count, sizeof *sorted, by_slot_then_position);
+    p->groups = 0;
+    for (int64_t i = 0; i < p->count; i++) {
+        if (i == 0 || sorted[i].slot != sorted[i - 1].slot) {
+            p->slot[p->groups] = sorted[i].slot;
+            p->first[p->groups++] = i;
+        }
+        p->token[i] = sorted[i].position / r->picks;
+        p->weight[i] = r->weights[sorted[i].position];
+    }
+    p->first[p->groups] = p->count;
+    return STATUS_OK;
+}
+
+static void down_projection(const struct routing *r, const struct pairs *p, const float *activations,
+                            const void *experts, const struct layer *layer, int64_t begin, int64_t end) {
+    const int64_t width = layer->width;
+    const struct arena *bias = layer->bias;
+    for (int64_t t = 0; t < r->tokens; t++) memset(r->out + t * r->hidden + begin, 0, (end - begin) * sizeof(float));
+    for (int64_t g = 0; g < p->groups; g++) {
+        const struct matrix m = layer->down(experts, p->slot[g]);
+        const uint8_t *b = bias ? bias->base + p->slot[g] * bias->slot_bytes : NULL;
+        for (int64_t p0 = p->first[g]; p0 < p->first[g + 1]; p0 += TILE_TOKENS) {
+            const int n = p->first[g + 1] - p0 < TILE_TOKENS ? (int)(p->first[g + 1] - p0) : TILE_TOKENS;
+            const float *x[TILE_TOKENS];
+            for (int i = 0; i < n; i++) x[i] = activations + (p0 + i) * width;
+            for (int64_t h = begin; h < end; h += TILE_ROWS) {
+                const int64_t count = end - h < TILE_ROWS ? end - h : TILE_ROWS;
+                float y[TILE_TOKENS * TILE_ROWS];
+                layer->tile(&m, h, count, x, n, y);
+                for (int i = 0; i < n; i++) {
+                    float *out = r->out + p->token[p0 + i] * r->hidden + h;
+                    for (int64_t q = 0; q < count; q++)
+                        out[q] += p->weight[p0 + i] * (y[i * TILE_ROWS + q] + (b ? load_float(b, bias->dtype, h + q) : 0.0f));
+                }
+            }
+        }
+    }
+}
+
+static int detected, avx2;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((constructor)) static void detect_avx2(void) {
+    __builtin_cpu_init();
+    detected = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    avx2 = detected;
+}
+#endif
+
+int has_avx2(void) { return avx2; }
+
+int use_avx2(int wanted) {
+    avx2 = wanted && detected;
+    return avx2;
+}
+
+/* [begin, end) of `total` units for one of `threads` threads, cut at multiples of `granule`. */
+static void thread_range(int64_t total, int64_t granule, int thread, int threads, int64_t *begin, int64_t *end) {
+    const int64_t units = (total + granule - 1) / granule;
+    *begin = units * thread / threads * granule;
+    *end = units * (thread + 1) / threads * granule;
+    if (*begin > total) *begin = total;
+    if (*end > total) *end = total;
+}
+
+int run_layer(const struct routing *r, const void *experts, const struct layer *layer) {
+    struct pairs p;
+    float *activations;
+    if (group_pairs(r, &p, r->tokens * r->picks * layer->width, &activations) != STATUS_OK) return STATUS_NO_MEMORY;
+#pragma omp parallel num_threads(r->threads) if (r->threads > 1)
+    {
+        int thread = 0, threads = 1;
+#ifdef _OPENMP
+        thread = omp_get_thread_num();
+        threads = omp_get_num_threads();
+#endif
+        int64_t begin, end;
+        thread_range(layer->width, layer->granule, thread, threads, &begin, &end);
+        layer->gate_up(r, &p, experts, activations, begin, end);
+#pragma omp barrier
+        thread_range(r->hidden, TILE_ROWS, thread, threads, &begin, &end);
+        down_projection(r, &p, activations, experts, layer, begin, end);
+    }
+    return STATUS_OK;
+}
