@@ -3,15 +3,16 @@ step runs each layer's routed experts once for every sequence's token. A sequenc
 (its prompt is prefilled alone, its first token emitted) and leaves as soon as it ends or is cancelled."""
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from app.engine.experts import CacheStats
+from app.engine.answer_events import AnswerEvents
 from app.engine.generate import check_prompt, generation_stats, stop_reason
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
+from app.protocol.events import Done, Tokens
+from app.protocol.stats import BatchStats, CacheStats, GenerationStats
 
 
 @dataclass(eq=False)
@@ -21,7 +22,7 @@ class Sequence:
     runner: StepRunner  # its own KV cache, and the single-token pass over it for steps where it is alone
     sampler: Sampler
     max_new_tokens: int
-    parser: object | None  # the tokenizer's OutputParser, None without a tokenizer
+    answer: AnswerEvents
     started: float
     token: int = -1  # the last token emitted, the next step's input
     emitted: int = 0
@@ -40,14 +41,14 @@ class Batch:
     caches together hold at most the planned context (the plan reserved that many tokens of KV cache).
 
     Every call returns the events it produced: `Tokens` per sequence and step, then the end of a
-    sequence as its parser's last text and `Done`, whose stats have generate's figures plus `batch`
-    (steps, mean batch size). A step's expert-cache work counts in full for each sequence in it.
+    sequence (`AnswerEvents.done`), whose stats have generate's figures plus `batch` (steps, mean batch
+    size). A step's expert-cache work counts in full for each sequence in it.
     """
 
     def __init__(self, session, max_sequences: int):
+        self.session = session
         self.model = session.loaded.model
         self.context = session.loaded.context
-        self.tokenizer = session.tokenizer
         self.stop_ids = session.loaded.folder.stop_token_ids()
         self.max_sequences = max_sequences
         self.sequences: dict[int, Sequence] = {}
@@ -69,9 +70,8 @@ class Batch:
         assert self.has_room(capacity), "no room in the batch: ask has_room first"
         runner = StepRunner(model, capacity)
         runner.cache.check_room(len(prompt_ids))
-        parser = self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None
         sequence = Sequence(request_id, len(prompt_ids), runner, Sampler(sampling, model.device), max_new_tokens,
-                            parser, time.perf_counter())
+                            self.session.answer_events(request_id, prompt_ids), time.perf_counter())
         before = model.experts.snapshot()
         with torch.inference_mode():
             sequence.token = sequence.sampler.sample(runner.prefill(prompt_ids))
@@ -103,27 +103,25 @@ class Batch:
             events += self._emit(sequence)
         return events
 
-    def leave(self, request_id: int) -> dict | None:
+    def leave(self, request_id: int) -> GenerationStats | None:
         """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
         sequence = self.sequences.pop(request_id, None)
         return self._stats(sequence) if sequence else None
 
     def _emit(self, sequence: Sequence) -> list[Tokens | Done]:
         sequence.emitted += 1
-        token, parser = sequence.token, sequence.parser
-        events = [Tokens([token], parser.feed([token]) if parser else [], sequence.request_id)]
+        token = sequence.token
+        events = [sequence.answer.tokens([token])]
         cache = sequence.cache
         reason = stop_reason(token, sequence.emitted, sequence.max_new_tokens, self.stop_ids, cache.length,
                              cache.capacity)
         if reason:
             del self.sequences[sequence.request_id]
-            if parser:
-                events.append(Tokens([], parser.finish(), sequence.request_id))
-            events.append(Done(reason, self._stats(sequence), sequence.request_id))
+            events += sequence.answer.done(reason, self._stats(sequence))
         return events
 
-    def _stats(self, sequence: Sequence) -> dict:
+    def _stats(self, sequence: Sequence) -> GenerationStats:
         stats = generation_stats(sequence.prompt_tokens, sequence.emitted, sequence.started, sequence.first_token_at,
                                  sequence.expert_cache)
         mean_size = sequence.batched_with / sequence.steps if sequence.steps else 0.0
-        return {**stats, "batch": {"steps": sequence.steps, "mean_size": mean_size}}
+        return replace(stats, batch=BatchStats(sequence.steps, mean_size))

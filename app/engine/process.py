@@ -1,7 +1,7 @@
 """The engine process: a loop that takes requests from one queue and puts events on another.
 
 `EngineServer` does the work and reports through `send`; the loop around it only moves messages,
-so tests can drive the server directly. The process is started by `protocol.spawn_engine`.
+so tests can drive the server directly. The process is started by `app.protocol.engine_process.spawn_engine`.
 
 No request can end the engine: whatever one raises becomes an Error event for that request (for a
 batch step, for the requests in that step), and the engine goes on with the others.
@@ -11,28 +11,19 @@ import queue
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from app.engine.batch import Batch
 from app.engine.prompts import PromptWorker
-from app.engine.protocol import (
-    Cancel,
-    Done,
-    Error,
-    Generate,
-    Loaded,
-    LoadModel,
-    LoadProgress,
-    Shutdown,
-    StepStats,
-    Tokens,
-)
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
 from app.errors import UserError
+from app.protocol.events import Done, Error, Loaded, LoadProgress, ModelInfo, StepStats, Tokens
+from app.protocol.kinds import ErrorKind, StopReason
+from app.protocol.requests import Cancel, Generate, LoadModel, Shutdown
 from app.request_limits import check_seed, check_temperature, check_top_k, check_top_p
 
 STATS_INTERVAL_S = 0.1
@@ -48,10 +39,10 @@ class PromptReady:
     """Put on the engine's own request queue when a prompt's ids are ready, to wake its loop."""
 
 
-def failure(error: Exception, request_id: int | None, kind: str = "internal") -> Error:
+def failure(error: Exception, request_id: int | None, kind: ErrorKind = ErrorKind.INTERNAL) -> Error:
     """The Error event for an exception a request raised."""
     if isinstance(error, torch.OutOfMemoryError):
-        return Error("oom", OUT_OF_MEMORY, request_id)
+        return Error(ErrorKind.OOM, OUT_OF_MEMORY, request_id)
     words = (str(error).splitlines() or [""])[0]
     return Error(kind, f"the engine failed on this request ({type(error).__name__}: {words}); it goes on "
                        "serving the others", request_id)
@@ -102,18 +93,18 @@ class EngineServer:
 
     def handle(self, request) -> None:
         request_id = getattr(request, "request_id", None)
+        loading = isinstance(request, LoadModel)
         try:
-            if isinstance(request, LoadModel):
+            if loading:
                 self._load(request)
             elif isinstance(request, Generate):
                 self._generate(request)
         except Cancelled:
-            self.send(Error("cancelled", "cancelled", request_id))
+            self.send(Error(ErrorKind.CANCELLED, "cancelled", request_id))
         except UserError as error:
-            kind = "load" if isinstance(request, LoadModel) else "request"
-            self.send(Error(kind, str(error), request_id))
+            self.send(Error(ErrorKind.LOAD if loading else ErrorKind.REQUEST, str(error), request_id))
         except Exception as error:
-            self.send(failure(error, request_id, "load" if isinstance(request, LoadModel) else "internal"))
+            self.send(failure(error, request_id, ErrorKind.LOAD if loading else ErrorKind.INTERNAL))
 
     def step(self) -> None:
         """One decode step of every generation in the batch, then a look for cancellations."""
@@ -136,7 +127,7 @@ class EngineServer:
         for running in [request_id] if request_id is not None else list(self.batch.sequences):
             stats = self.batch.leave(running)
             if stats is not None:
-                self.send(Done("cancelled", stats, running))
+                self.send(Done(StopReason.CANCELLED, stats, running))
 
     def _load(self, request: LoadModel) -> None:
         self.cancel(None)
@@ -156,18 +147,12 @@ class EngineServer:
         if self.session.speculation is None and hasattr(loaded.model, "decode_batch"):
             self.batch = Batch(self.session, request.max_batch)
         self._stats = StatsClock(loaded.model.experts)
-        self.send(Loaded({
-            "path": request.path,
-            "model_type": loaded.folder.model_type,
-            "vocab_size": loaded.facts.vocab_size,
-            "context": loaded.context,
-            "expert_slots": loaded.placement.expert_slots,
-            "total_experts": loaded.facts.total_experts,
-            "device_bytes": loaded.placement.device_bytes,
-            "has_tokenizer": self.session.tokenizer is not None,
-            "spec": spec.method,
-            "max_batch": request.max_batch if self.batch else 1,
-        }))
+        self.send(Loaded(ModelInfo(
+            request.path, loaded.folder.model_type, loaded.facts.vocab_size, loaded.context,
+            loaded.placement.expert_slots, loaded.facts.total_experts, loaded.placement.device_bytes,
+            has_tokenizer=self.session.tokenizer is not None, spec=spec.method,
+            max_batch=request.max_batch if self.batch else 1,
+        )))
 
     def _generate(self, request: Generate) -> None:
         made = self.prompts.result(request.request_id)
@@ -186,19 +171,20 @@ class EngineServer:
             return
         self.running_alone = request.request_id
         try:
-            self._generate_alone(request.request_id, self.session.generate(ids, sampling, request.max_new_tokens))
+            self._generate_alone(request.request_id,
+                                 self.session.generate(ids, sampling, request.max_new_tokens, request.request_id))
         finally:
             self.running_alone = None
 
     def _generate_alone(self, request_id: int, events) -> None:
         for event in events:
             if isinstance(event, Done):
-                self.send(Done(event.stop_reason, event.stats, request_id))
+                self.send(event)
                 return
-            self._send_all([replace(event, request_id=request_id)])
+            self._send_all([event])
             if self.cancel_requested():
                 events.close()
-                self.send(Done("cancelled", {}, request_id))
+                self.send(Done(StopReason.CANCELLED, None, request_id))
                 return
 
     def _send_all(self, events: list) -> None:
@@ -238,9 +224,8 @@ class StatsClock:
 
 
 def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: list[float]) -> StepStats:
-    figures = delta.as_dict()
     return StepStats(request_id, tokens, seconds, delta.hits, delta.misses, delta.bytes_fetched,
-                     figures["prefetch_coverage"], figures["prefetch_waste"], resident)
+                     delta.prefetch_coverage, delta.prefetch_waste, resident)
 
 
 def residency(cache) -> list[float]:
@@ -276,7 +261,7 @@ def engine_main(requests, events) -> None:
         for generate in waiting:
             inbox.remove(generate)
             server.prompts.forget(generate.request_id)
-            events.put(Done("cancelled", {}, generate.request_id))
+            events.put(Done(StopReason.CANCELLED, None, generate.request_id))
         if request.request_id is None or request.request_id == server.running_alone:
             return True
         server.cancel(request.request_id)

@@ -7,11 +7,11 @@ from dataclasses import replace
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPushButton, QSlider, QVBoxLayout, QWidget
 
-from app.engine.protocol import LoadModel
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placement
 from app.plan_gpus import expert_workspace, plan_budgets, predict_gpus
+from app.protocol.requests import LoadModel
 from app.sizes import format_size
 from app.ui.hardware import Machine
 from app.ui.placement_bar import PlacementBar

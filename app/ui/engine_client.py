@@ -9,20 +9,11 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from app.engine.protocol import (
-    Cancel,
-    Done,
-    EngineProcess,
-    Error,
-    Generate,
-    Loaded,
-    LoadModel,
-    LoadProgress,
-    StepStats,
-    Tokens,
-    spawn_engine,
-)
 from app.errors import UserError, first_line
+from app.protocol.engine_process import EngineProcess, spawn_engine
+from app.protocol.events import Done, Error, Loaded, LoadProgress, ModelInfo, StepStats, Tokens
+from app.protocol.kinds import ErrorKind
+from app.protocol.requests import Cancel, Generate, LoadModel
 from app.remote import RemoteModel, check_remote, stream_chat
 
 FRAME_MS = 16
@@ -57,7 +48,7 @@ class EngineClient(QObject):
 
     Signals (named as the events they report):
       load_progress(stage: str, fraction: float)
-      loaded(info: dict)          the model is ready (LoadModel's figures and the placement)
+      loaded(info)                the model is ready: ModelInfo, or the RemoteModel chatted through
       tokens(events: list)        every `Tokens` event that arrived since the last frame, in order
       step_stats(stats: StepStats)
       finished(done: Done)
@@ -67,7 +58,7 @@ class EngineClient(QObject):
     """
 
     load_progress = Signal(str, float)
-    loaded = Signal(dict)
+    loaded = Signal(object)
     tokens = Signal(list)
     step_stats = Signal(object)
     finished = Signal(object)
@@ -80,7 +71,7 @@ class EngineClient(QObject):
         self._spawn = spawn
         self.engine: EngineProcess | None = None
         self.last_load: LoadModel | None = None
-        self.info: dict | None = None  # what the engine has loaded
+        self.info: ModelInfo | RemoteModel | None = None  # what is loaded
         self.remote: RemoteModel | None = None
         self._remote_events: queue.Queue = queue.Queue()
         self._remote_check: tuple[RemoteModel, queue.Queue] | None = None  # a server being asked, and its answer
@@ -96,7 +87,7 @@ class EngineClient(QObject):
 
     def connect_remote(self, remote: RemoteModel) -> None:
         """Chat through `remote` once it has answered that it serves the model: then the local engine is
-        shut down and `loaded` follows, with info {"remote": True, ...}. A server that cannot be used gives
+        shut down and `loaded` follows, with `remote` as its info. A server that cannot be used gives
         `remote_failed` and leaves what was loaded as it was."""
         answer: queue.Queue = queue.Queue()
         self._remote_check = remote, answer
@@ -156,12 +147,13 @@ class EngineClient(QObject):
         try:
             check_remote(remote)
         except UserError as error:
-            events.put(Error("load", str(error)))
+            events.put(Error(ErrorKind.LOAD, str(error)))
             return
         except Exception as error:  # an answer that is not the API's: said, not a thread that dies unheard
-            events.put(Error("load", f"{remote.base_url} gave an answer that cannot be read ({first_line(error)})"))
+            events.put(Error(ErrorKind.LOAD, f"{remote.base_url} gave an answer that cannot be read "
+                                             f"({first_line(error)})"))
             return
-        events.put(Loaded({"remote": True, "path": remote.base_url, "model": remote.model, "model_type": None}))
+        events.put(remote)
 
     def _take_remote_answer(self) -> None:
         remote, answer = self._remote_check
@@ -178,7 +170,8 @@ class EngineClient(QObject):
         self.shutdown()
         self.remote, self.last_load, self._remote_events = remote, None, queue.Queue()
         self._timer.start()
-        self._dispatch(event)
+        self.info = remote
+        self.loaded.emit(remote)
 
     def _pump(self) -> None:
         if self._remote_check is not None:

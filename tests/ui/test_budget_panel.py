@@ -5,11 +5,11 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
-from app.engine.protocol import LoadModel
 from app.model_folder import ModelFolder
 from app.paths import DEMO_MODEL
 from app.plan import ModelFacts, plan_placement, predict_decode
 from app.plan_cpu import CPU_HARDWARE
+from app.protocol.requests import LoadModel
 from app.ui.budget import STEPS
 from app.ui.hardware import GIB, Machine
 

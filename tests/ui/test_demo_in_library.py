@@ -53,7 +53,7 @@ def test_the_demo_answers_out_of_the_box_with_its_drafter(qtbot, tmp_path):
     qtbot.waitUntil(lambda: window.library.selected_path() == str(DEMO_MODEL))
     with qtbot.waitSignal(window.client.loaded, timeout=ENGINE_S) as loaded:
         qtbot.mouseClick(window.budget.load_button, Qt.MouseButton.LeftButton)
-    assert loaded.args[0]["spec"] == "dflash" and not window.banner.isVisible()
+    assert loaded.args[0].spec == "dflash" and not window.banner.isVisible()
     window.chat_settings.temperature.setValue(0.0)
     ask(window, qtbot, "What does `json.dumps` do?", max_tokens=48)
     wait_for_answer(window, qtbot)

@@ -24,7 +24,7 @@ def test_the_first_run_loads_the_demo_and_a_new_chat_takes_its_sampling(qtbot, t
     with qtbot.waitSignal(window.client.loaded, timeout=ENGINE_S) as loaded:
         pass
     info = loaded.args[0]
-    assert info["path"] == str(DEMO_MODEL) and info["spec"] == "dflash"  # with its drafter
+    assert info.path == str(DEMO_MODEL) and info.spec == "dflash"  # with its drafter
     assert window.library.selected_path() == str(DEMO_MODEL) and "25 MB toy" in window.library.card.text()
     settings = window.chat_settings.settings()  # the demo's generation_config.json, not temperature 1.0
     assert (settings["temperature"], settings["top_p"], settings["max_tokens"]) == (0.3, 0.9, 256)
@@ -54,7 +54,7 @@ def test_the_last_model_is_loaded_again_with_its_plan_and_the_setting_can_turn_t
     again = open_app(qtbot, tmp_path)
     with qtbot.waitSignal(again.client.loaded, timeout=ENGINE_S) as loaded:
         pass
-    assert again.client.last_load == request and loaded.args[0]["path"] == request.path  # the same plan, exactly
+    assert again.client.last_load == request and loaded.args[0].path == request.path  # the same plan, exactly
     assert again.library.selected_path() == request.path
     assert (again.budget.gpu_budget, again.budget.ram_budget, again.budget.context.currentData()) == (
         request.gpu_budget, request.ram_budget, 2048)  # and on screen

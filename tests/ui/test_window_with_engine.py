@@ -64,7 +64,7 @@ def test_the_engine_loads_exactly_the_plan_on_screen(window, qtbot, tiny_gpt_oss
     with qtbot.waitSignal(window.client.loaded, timeout=ENGINE_S) as loaded:
         qtbot.mouseClick(budget.load_button, Qt.MouseButton.LeftButton)
     info = loaded.args[0]
-    assert (info["expert_slots"], info["device_bytes"], info["context"]) == (
+    assert (info.expert_slots, info.device_bytes, info.context) == (
         plan.expert_slots, plan.device_bytes, plan.context)
     assert f"{plan.expert_slots} of {budget.facts.total_experts} experts" in window.engine_status.text()
     assert window.tabs.currentIndex() == 0 and window.chat.send_button.isEnabled()
@@ -93,7 +93,7 @@ def test_a_message_streams_in_and_is_stored_with_its_figures(window, qtbot):
 
 def test_the_composer_shows_how_much_context_the_chat_fills(window, qtbot):
     answer = window.store.branch(window.chat.chat_id)[-1]
-    context = window.client.info["context"]
+    context = window.client.info.context
     assert answer.stats["context_tokens"] > answer.stats["tokens"]  # the prompt's tokens and the answer's
     meter = window.chat.meter
     assert meter.isVisible() and meter.label.text().startswith(f"Context {answer.stats['context_tokens']:,} of "

@@ -2,17 +2,19 @@
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
-from app.engine.experts import CacheStats
+from app.engine.answer_events import AnswerEvents
 from app.engine.generate import check_prompt, generation_stats, stop_reason
-from app.engine.protocol import Done, SpecStep, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
 from app.engine.spec.drafter import Drafter
 from app.engine.spec.sizer import BlockSizer
 from app.engine.spec.step import Speculator
+from app.protocol.events import Done, SpecStep, Tokens
+from app.protocol.stats import CacheStats, SpecStats
 
 
 def speculative_generate(
@@ -24,15 +26,17 @@ def speculative_generate(
     drafter: Drafter,
     block_size: int | None = None,
     fetch_bandwidth: float | None = None,
+    answer: AnswerEvents | None = None,
 ) -> Iterator[Tokens | Done]:
     """A new sequence over the runner's cache: yield one `Tokens` per step (with `drafted` and `spec`), then
-    `Done` whose stats add `spec`.
+    `Done` whose stats add `spec`; `answer` makes them, as for `generate`.
 
     `block_size` forces every step to verify that many positions (fewer when the answer or the context
     ends sooner); None lets the cost-aware policy choose per step, with `fetch_bandwidth` (bytes/s) as
     its first guess of the host-to-device copy speed. The tokens are those `generate` would emit:
     identical when greedy, identically distributed when sampling.
     """
+    answer = answer or AnswerEvents()
     model = runner.model
     check_prompt(prompt_ids, model.config.vocab_size)
     cache = runner.begin()
@@ -49,7 +53,7 @@ def speculative_generate(
         token = sampler.sample(speculator.prefill(prompt_ids))
         first_token_at = time.perf_counter()
         emitted = 1
-        yield Tokens([token])
+        yield answer.tokens([token])
         reason = stop_reason(token, emitted, max_new_tokens, stop_ids, cache.length, cache.capacity)
         step_end = experts.snapshot()  # nothing touches the cache between two steps: one read per step
         while reason is None:
@@ -72,21 +76,15 @@ def speculative_generate(
                                      cache.capacity)
                 if reason:
                     break
-            yield Tokens(out, drafted=[i < kept for i in range(len(out))], spec=_spec_step(size, kept, step, experts))
+            yield answer.tokens(out, [i < kept for i in range(len(out))], _spec_step(size, kept, step, experts))
     stats = generation_stats(len(prompt_ids), emitted, started, first_token_at,
                              model.experts.snapshot().since(stats_before))
-    stats["spec"] = {
-        "policy": "fixed" if block_size else "cost-aware",
-        "steps": len(block_sizes),
-        "block_sizes": block_sizes,
-        "accepted_per_step": accepted,
-        "mean_accepted": sum(accepted) / len(accepted) if accepted else 0.0,
-    }
-    yield Done(reason, stats)
+    spec = SpecStats("fixed" if block_size else "cost-aware", len(block_sizes), block_sizes, accepted,
+                     sum(accepted) / len(accepted) if accepted else 0.0)
+    yield from answer.done(reason, replace(stats, spec=spec))
 
 
 def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
-    figures = step.as_dict()
     return SpecStep(
         block_size=size,
         accepted=kept,
@@ -94,6 +92,6 @@ def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
         hits=step.hits,
         misses=step.misses,
         bytes_fetched=step.bytes_fetched,
-        prefetch_coverage=figures["prefetch_coverage"],
-        prefetch_waste=figures["prefetch_waste"],
+        prefetch_coverage=step.prefetch_coverage,
+        prefetch_waste=step.prefetch_waste,
     )
