@@ -8,7 +8,8 @@ from app.protocol.engine_process import EngineProcess
 from app.protocol.events import Done, Error, Loaded, ModelInfo, StepStats, Tokens
 from app.protocol.kinds import ErrorKind, StopReason
 from app.protocol.requests import Generate, LoadModel
-from app.ui.engine_client import EngineClient, exit_reason
+from app.ui.engine_client import EngineClient
+from app.ui.engines import exit_reason
 
 INFO = ModelInfo("/models/tiny", "gpt_oss", vocab_size=256, context=64, expert_slots=8, total_experts=8,
                  device_bytes=1, has_tokenizer=True, spec="off", max_batch=8)  # as a stand-in engine "loads" it
