@@ -209,7 +209,7 @@ class MainWindow(QMainWindow):
             self.client.cancel()
 
     def load_selected(self) -> None:
-        if self.budget.placement is not None and self.budget.load_button.isEnabled():
+        if self.budget.plan.placement is not None and self.budget.load_button.isEnabled():
             self.budget.request_load()
 
     def export(self, suffix: str) -> None:
@@ -270,7 +270,7 @@ class MainWindow(QMainWindow):
     def _show_loading(self, loading: bool) -> None:
         self.load_bar.setVisible(loading)
         self.cancel_load_button.setVisible(loading)
-        self.budget.load_button.setEnabled(not loading and self.budget.placement is not None)
+        self.budget.load_button.setEnabled(not loading and self.budget.plan.placement is not None)
         if loading:
             self.load_bar.setValue(0)
 

@@ -65,7 +65,7 @@ def test_the_engine_speculates_with_the_drafter_chosen_in_the_window(window, qtb
     sizes = [s.block_size for s in steps]
     qtbot.waitUntil(lambda: list(window.charts.curves["block_size"].getData()[1])[-len(sizes):] == sizes,
                     timeout=2000)  # the next redraw has every step
-    facts = window.budget.facts
+    facts = window.budget.plan.facts
     residency = window.charts.residency_image.image * facts.num_experts  # [T, layers]: resident experts
     assert residency.shape[1] == len(facts.moe_layers) and (residency == residency.round()).all()
     assert 0 < residency[-1].sum() <= loaded.args[0].expert_slots  # the drafter took some of the slots
