@@ -13,9 +13,9 @@ from functools import partial
 
 import torch
 
-from app.engine.mxfp4 import decode_mxfp4
 from app.kernels.choice import kernel_or_reference, triton_runs
 from app.kernels.expert_op import ExpertOp
+from app.kernels.formats.mxfp4 import decode_mxfp4
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float, alpha: float) -> torch.Tensor:
