@@ -1,7 +1,7 @@
 """The engine process: a loop that takes requests from one queue and puts events on another.
 
 `EngineServer` does the work and reports through `send`; the loop around it only moves messages,
-so tests can drive the server directly. The process is started by `app.protocol.engine_process.spawn_engine`.
+so tests can drive the server directly. The process is started by `spawn_engine` (app/protocol/engine_process.py).
 
 No request can end the engine: whatever one raises becomes an Error event for that request (for a
 batch step, for the requests in that step), and the engine goes on with the others.
