@@ -1,8 +1,9 @@
 """An answer's figures as one line of words: speed, time to first token, tokens, accepted drafts, why
 it stopped (the chat shows it under each answer; the Markdown export writes it)."""
 
+from app.protocol.kinds import StopReason
+
 UNAVAILABLE = "{} unavailable"  # a figure a remote server does not give (None), never shown as zero
-STOP_WORDS = {"stop": "finished", "length": "max tokens reached", "context": "context full", "cancelled": "stopped"}
 
 
 def stats_line(stats: dict) -> str:
@@ -17,5 +18,13 @@ def stats_line(stats: dict) -> str:
     if "mean_accepted" in stats:
         parts.append(f"{stats['mean_accepted']:.2f} accepted per step")
     if "stop_reason" in stats:
-        parts.append(STOP_WORDS.get(stats["stop_reason"], stats["stop_reason"]))
+        parts.append(_stop_words(stats["stop_reason"]))
     return " · ".join(parts)
+
+
+def _stop_words(stop_reason: str) -> str:
+    """A stop reason in words; what an interrupted answer stored instead (why) as it is."""
+    try:
+        return StopReason(stop_reason).words
+    except ValueError:
+        return stop_reason

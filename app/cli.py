@@ -127,6 +127,8 @@ def _run_generate(args) -> int:
     from app.engine.spec.options import SpecOptions
     from app.model_folder import ModelFolder
     from app.paths import resolve_model
+    from app.protocol.events import Done
+    from app.protocol.kinds import PieceKind
 
     if args.prompt_ids is not None:
         prompt = Prompt(token_ids=args.prompt_ids)
@@ -149,24 +151,24 @@ def _run_generate(args) -> int:
         print(json.dumps(collect(events)))
         return 0
     for event in events:
-        for kind, text in getattr(event, "pieces", []):
-            stream = sys.stdout if kind == "answer" else sys.stderr
+        if isinstance(event, Done):
+            print(f"\n[{event.stats.decode_tokens + 1} tokens, {event.stats.decode_tok_s:.1f} tok/s, "
+                  f"stop: {event.stop_reason}]", file=sys.stderr)
+            continue
+        for kind, text in event.pieces:
+            stream = sys.stdout if kind == PieceKind.ANSWER else sys.stderr
             stream.write(text)
             stream.flush()
-        if hasattr(event, "stop_reason"):
-            stats = event.stats
-            print(f"\n[{stats['decode_tokens'] + 1} tokens, {stats['decode_tok_s']:.1f} tok/s, "
-                  f"stop: {event.stop_reason}]", file=sys.stderr)
     return 0
 
 
 def _run_serve(args) -> int:
     from pathlib import Path
 
-    from app.engine.protocol import LoadModel
     from app.engine.spec.options import SpecOptions
     from app.model_folder import ModelFolder
     from app.paths import resolve_model
+    from app.protocol.requests import LoadModel
     from app.server.serve import ServerOptions, serve
 
     folder = ModelFolder.open(resolve_model(args.model))

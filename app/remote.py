@@ -7,11 +7,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.engine.protocol import Done, Error, Generate, Tokens
-from app.errors import UserError
+from app.errors import UserError, first_line
+from app.protocol.events import Done, Error, Tokens
+from app.protocol.kinds import ErrorKind, PieceKind, StopReason
+from app.protocol.requests import Generate
+from app.protocol.stats import GenerationStats, RemoteStats
 
 CONNECT_TIMEOUT_S = 10.0
-STOP_REASONS = {"stop": "stop", "length": "length"}  # OpenAI finish_reason -> the engine's stop_reason
+DELTA_KEYS = ((PieceKind.REASONING, "reasoning_content"), (PieceKind.ANSWER, "content"))
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,10 @@ class RemoteModel:
     base_url: str  # up to and including /v1, e.g. http://gpu-box:8000/v1
     model: str
     api_key: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.model
 
     @property
     def headers(self) -> dict:
@@ -56,11 +63,9 @@ def error_message(response) -> str:  # an httpx.Response
 def stream_chat(remote: RemoteModel, request: Generate, emit: Callable[[object], None],
                 cancelled: Callable[[], bool]) -> None:
     """Run `request` (its messages and sampling) on the remote, streamed: `emit` gets a `Tokens` per chunk
-    (token ids only when the server is moechat and says them), then `Done` or `Error`. `cancelled()` is
-    looked at between chunks; then the connection closes, which stops the generation on the server.
-
-    Done's stats say `remote: True`; `completion_tokens` and `prompt_tokens` are the server's usage figures,
-    None when it gives none; a moechat server's own figures (expert cache, speculation) are added as it reports them."""
+    (token ids only when the server is moechat and says them), then `Done` (with `RemoteStats`) or `Error`.
+    `cancelled()` is looked at between chunks; then the connection closes, which stops the generation on the
+    server."""
     import httpx
 
     body = {"model": remote.model, "messages": request.messages, "max_tokens": request.max_new_tokens,
@@ -70,45 +75,60 @@ def stream_chat(remote: RemoteModel, request: Generate, emit: Callable[[object],
         body["seed"] = request.seed
     if request.reasoning_effort is not None:
         body["reasoning_effort"] = request.reasoning_effort
-    stats = {"remote": True, "completion_tokens": None}
-    started, finish_reason = time.perf_counter(), None
+    answer = _RemoteAnswer(request.request_id, emit)
     try:
         with httpx.stream("POST", remote.url("/chat/completions"), json=body, headers=remote.headers,
                           timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None)) as response:
             if response.status_code != 200:
                 response.read()
-                emit(Error("request", f"the remote server refused: {error_message(response)}", request.request_id))
+                emit(Error(ErrorKind.REQUEST, f"the remote server refused: {error_message(response)}",
+                           request.request_id))
                 return
             for line in response.iter_lines():
                 if cancelled():
-                    emit(Done("cancelled", stats, request.request_id))
+                    emit(Done(StopReason.CANCELLED, answer.stats(), request.request_id))
                     return
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: "):])
-                if "ttft_s" not in stats and chunk.get("choices"):
-                    stats["ttft_s"] = time.perf_counter() - started
-                finish_reason = _read_chunk(chunk, stats, request.request_id, emit) or finish_reason
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    answer.read(json.loads(line[len("data: "):]))
     except httpx.HTTPError as error:
-        emit(Error("internal", f"the connection to {remote.base_url} failed: {error}", request.request_id))
+        emit(Error(ErrorKind.INTERNAL, f"the connection to {remote.base_url} failed: {error}", request.request_id))
         return
-    emit(Done(STOP_REASONS.get(finish_reason, finish_reason or "stop"), stats, request.request_id))
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        emit(Error(ErrorKind.INTERNAL, f"{remote.base_url} sent a chunk that cannot be read ({first_line(error)})",
+                   request.request_id))
+        return
+    emit(Done(StopReason.from_finish_reason(answer.finish_reason), answer.stats(), request.request_id))
 
 
-def _read_chunk(chunk: dict, stats: dict, request_id: int, emit) -> str | None:
-    """Emit a chunk's text; note its usage and moechat figures; its finish reason, if it has one."""
-    extra = chunk.get("moechat") or {}
-    stats.update(extra.get("stats") or {})
-    if chunk.get("usage"):
-        stats["completion_tokens"] = chunk["usage"].get("completion_tokens")
-        stats["prompt_tokens"] = chunk["usage"].get("prompt_tokens")
-    if not chunk.get("choices"):
-        return None
-    choice = chunk["choices"][0]
-    delta = choice.get("delta") or {}
-    pieces = [(kind, delta[key]) for kind, key in (("reasoning", "reasoning_content"), ("answer", "content"))
-              if delta.get(key)]
-    token_ids = extra.get("token_ids") or []
-    if pieces or token_ids:
-        emit(Tokens(list(token_ids), pieces, request_id))
-    return choice.get("finish_reason")
+class _RemoteAnswer:
+    """What the chunks of one streamed answer said: text and token ids (emitted as they come), the usage, the
+    finish reason, and a moechat server's figures."""
+
+    def __init__(self, request_id: int, emit: Callable[[object], None]):
+        self.request_id, self.emit = request_id, emit
+        self.started = time.perf_counter()
+        self.ttft_s: float | None = None
+        self.usage: dict = {}
+        self.engine: GenerationStats | None = None
+        self.finish_reason: str | None = None
+
+    def read(self, chunk: dict) -> None:
+        extra = chunk.get("moechat") or {}
+        if extra.get("stats"):
+            self.engine = GenerationStats.from_dict(extra["stats"])
+        self.usage = chunk.get("usage") or self.usage
+        if not chunk.get("choices"):
+            return
+        if self.ttft_s is None:
+            self.ttft_s = time.perf_counter() - self.started
+        choice = chunk["choices"][0]
+        delta = choice.get("delta") or {}
+        pieces = [(kind, delta[key]) for kind, key in DELTA_KEYS if delta.get(key)]
+        token_ids = extra.get("token_ids") or []
+        if pieces or token_ids:
+            self.emit(Tokens(list(token_ids), pieces, self.request_id))
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+
+    def stats(self) -> RemoteStats:
+        return RemoteStats(self.usage.get("completion_tokens"), self.usage.get("prompt_tokens"), self.ttft_s,
+                           self.engine)

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from app.engine.batch import Batch
-from app.engine.protocol import Tokens
 from app.engine.sampling import SamplingParams
 from app.engine.session import Session
+from app.protocol.events import Tokens
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
 from tests.test_cli_spec import budget_for_slots
 

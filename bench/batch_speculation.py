@@ -26,11 +26,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.batch import Batch
 from app.engine.models.dflash import open_dflash
-from app.engine.protocol import Done, Tokens
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
 from app.paths import DEMO_DRAFTER, DEMO_MODEL
+from app.protocol.events import Done, Tokens
 from tests.test_cli_spec import budget_for_slots
 
 
@@ -50,11 +50,11 @@ def decode(session: Session, prompts: list[list[int]], new: int, together: bool)
     tokens = {i: [t for e in events if isinstance(e, Tokens) and e.request_id == i for t in e.token_ids]
               for i in range(len(prompts))}
     done = [e for e in events if isinstance(e, Done)]
-    steps = sum(d.stats["spec"]["steps"] for d in done)
+    steps = sum(d.stats.spec.steps for d in done)
     generated = sum(len(t) for t in tokens.values())
     return {"seconds": seconds, "tok_s": generated / seconds, "tokens": generated,
             "tau": (generated - len(prompts)) / steps, "bytes_fetched_per_token": work.bytes_fetched / generated,
-            "mean_batch_size": statistics.mean(d.stats["batch"]["mean_size"] for d in done), "token_ids": tokens}
+            "mean_batch_size": statistics.mean(d.stats.batch.mean_size for d in done), "token_ids": tokens}
 
 
 def main() -> None:

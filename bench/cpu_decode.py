@@ -32,7 +32,7 @@ from app.engine.session import Prompt, Session, collect
 from app.kernels.cpu import library
 from app.paths import DEMO_MODEL
 from app.plan import plan_placement, predict_decode
-from app.ui.hardware import CPU_HARDWARE
+from app.plan_cpu import CPU_HARDWARE
 from bench.decode_gpt_oss import cpu_machine
 
 

@@ -36,12 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.generate import generate
 from app.engine.loader import load_model
-from app.engine.protocol import Done
 from app.engine.routing_override import ReplayedRouting, UniformRouting
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, dtype_bytes, plan_placement
+from app.protocol.events import Done
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
 
 TRACE = Path(__file__).parent / "data" / "gpt-oss-20b-routing.npz"
@@ -201,11 +201,11 @@ def _timed_generation(runner: StepRunner, ids: list[int], new: int) -> dict:
     before = model.experts.snapshot()
     done = next(event for event in events if isinstance(event, Done))
     delta = model.experts.snapshot().since(before).as_dict()
-    tokens = done.stats["decode_tokens"]
+    tokens = done.stats.decode_tokens
     uses = delta["hits"] + delta["misses"]
     return {
-        "decode_tok_s": done.stats["decode_tok_s"],
-        "ttft_s": done.stats["ttft_s"],
+        "decode_tok_s": done.stats.decode_tok_s,
+        "ttft_s": done.stats.ttft_s,
         "decode_misses_per_token": delta["misses"] / tokens,
         "decode_bytes_fetched_per_token": delta["bytes_fetched"] / tokens,
         "decode_hit_rate": delta["hits"] / uses if uses else None,

@@ -22,8 +22,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
 
-from app.engine.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.expert_tiles import Tiles
+from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.fp8_linear import fp8_linear_torch
 from app.kernels.fp8_linear_triton import pick_tiles, run_fp8_linear
 from bench.kernel_gpt_oss_experts import attempt, start_report

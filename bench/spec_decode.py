@@ -33,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.engine.generate import generate
 from app.engine.loader import load_model
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
+from app.protocol.events import Done, Tokens
 from bench.decode_gpt_oss import REAL_SIZES, SHAPES, copy_bandwidths, cpu_machine, expert_budget, machine
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
 from tests.fixtures.tiny_dflash import write_tiny_dflash
@@ -70,13 +70,14 @@ def write_checkpoints(folder: Path, model: str) -> tuple[Path, Path]:
 
 
 def tokens_and_stats(events) -> tuple[list[int], dict]:
+    """The tokens, and Done's stats as the CLI's --json gives them."""
     tokens, done = [], None
     for event in events:
         if isinstance(event, Tokens):
             tokens += event.token_ids
         elif isinstance(event, Done):
             done = event
-    return tokens, done.stats
+    return tokens, done.stats.as_dict()
 
 
 def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str, dtype: str,

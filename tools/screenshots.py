@@ -82,7 +82,7 @@ def chat_views(app: QApplication, out: Path, scratch: Path, suffix: str) -> None
     window.resize(1280, 800)
     window.show()
     budget = window.budget
-    wait(app, lambda: budget.facts is not None)  # the demo model, selected as no other is installed
+    wait(app, lambda: budget.plan.facts is not None)  # the demo model, selected as no other is installed
     budget.load_button.click()
     wait(app, lambda: window.client.info is not None)
 

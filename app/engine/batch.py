@@ -4,10 +4,11 @@ its first token emitted) and leaves as soon as it ends or is cancelled; with spe
 drafter of its own and their verify blocks share each step's pass."""
 
 from app.engine.generation import check_prompt
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import RunnerPool
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.scheduler import Scheduler, Sequence
+from app.protocol.events import Done, Tokens
+from app.protocol.stats import GenerationStats
 
 
 class Batch:
@@ -16,18 +17,18 @@ class Batch:
     one at most, every generation runs over the session's own cache and keeps its captured passes.
 
     Every call returns the events it produced: `Tokens` per sequence and step, then the end of a
-    sequence as its parser's last text and `Done`, whose stats have generate's figures plus `batch`
+    sequence as its answer's last text and `Done`, whose stats have generate's figures plus `batch`
     (steps, mean batch size). A step's expert-cache work counts in full for each sequence in it.
     """
 
     def __init__(self, session, max_sequences: int):
+        self.session = session
         self.model = session.loaded.model
         self.context = session.loaded.context
-        self.tokenizer = session.tokenizer
         self.speculation = session.speculation
         self.stop_ids = session.loaded.folder.stop_token_ids()
         self.max_sequences = max_sequences
-        self.scheduler = Scheduler(self.model)
+        self.scheduler = Scheduler(self.model, batch_stats=True)
         self.runners = RunnerPool(self.model, self.context, session.runner if max_sequences == 1 else None)
         self._held: dict[int, Sequence] = {}  # every joined sequence until its runner and drafter are back
 
@@ -51,7 +52,7 @@ class Batch:
         speculation = self.speculation
         sequence = Sequence(
             request_id, prompt_ids, runner, Sampler(sampling, self.model.device), max_new_tokens, self.stop_ids,
-            parser=self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None,
+            answer=self.session.answer_events(request_id, prompt_ids),
             drafter=speculation.new_drafter(runner.cache.capacity) if speculation else None,
             block_size=speculation.block_size if speculation else None,
         )
@@ -66,7 +67,7 @@ class Batch:
         """One decode step of every sequence."""
         return self._releasing(self.scheduler.step())
 
-    def leave(self, request_id: int) -> dict | None:
+    def leave(self, request_id: int) -> GenerationStats | None:
         """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
         stats = self.scheduler.leave(request_id)
         if stats is not None:

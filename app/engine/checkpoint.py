@@ -3,8 +3,8 @@
 import numpy as np
 import torch
 
-from app.engine.fp8 import dequantize
 from app.errors import UserError
+from app.kernels.formats.fp8 import dequantize
 from app.model_folder import ModelFolder, TensorInfo
 
 TORCH_DTYPES = {
@@ -65,7 +65,7 @@ class Checkpoint:
 
     def stored_weight(self, module: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
         """`{module}.weight` as stored: {"weight": ...}, plus {"weight_scale" or "weight_scale_inv": ...} when the
-        weight is FP8 (the keys `app.engine.fp8.dequantize` reads)."""
+        weight is FP8 (the keys `app.kernels.formats.fp8.dequantize` reads)."""
         weight = self.tensor(f"{module}.weight", shape)
         if weight.dtype != torch.float8_e4m3fn:
             return {"weight": weight}

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import torch
 
-from app.engine.experts import OTHER_DEVICE, CacheStats, ExpertCache, ExpertKey, ExpertStore
+from app.engine.experts import OTHER_DEVICE, ExpertCache, ExpertKey, ExpertStore
+from app.protocol.stats import CacheStats
 
 
 def assign_owners(layers: Sequence[int], num_experts: int, slots: Sequence[int]) -> dict[ExpertKey, int]:

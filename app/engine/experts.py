@@ -7,7 +7,7 @@ chosen by the loader); one with fewer slots is still a separate arena, so the fe
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -17,6 +17,7 @@ from app.engine.device_misses import DEVICE_PASS_MAX_TOKENS, DeviceMisses
 from app.engine.host_memory import HostArena, aligned_bytes
 from app.engine.op_graph import SingleTokenGraph
 from app.kernels.expert_op import ExpertOp
+from app.protocol.stats import CacheStats
 
 PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
 ExpertTensors = dict[str, torch.Tensor]
@@ -89,38 +90,6 @@ class ExpertStore:
             arenas[name] = self.host.buffer.view(tensor.dtype).as_strided(
                 (count, *tensor.shape), (spacing // size, *tensor.stride()), (tensor.data_ptr() - start) // size)
         return arenas
-
-
-@dataclass
-class CacheStats:
-    """Demand hits and misses per (layer, expert) use, bytes copied to the device (misses and
-    prefetches), and how well look-ahead predictions matched the experts a layer then used."""
-
-    hits: int = 0
-    misses: int = 0
-    bytes_fetched: int = 0
-    disk_reads: int = 0
-    evictions: int = 0
-    prefetches: int = 0
-    predicted: int = 0  # experts predicted for layers that then ran
-    predicted_used: int = 0  # of those, experts the layer really used
-    used_after_prediction: int = 0  # experts used by layers that had a prediction
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / (self.hits + self.misses)
-
-    def since(self, earlier: "CacheStats") -> "CacheStats":
-        return CacheStats(**{name: value - getattr(earlier, name) for name, value in self.__dict__.items()})
-
-    def plus(self, other: "CacheStats") -> "CacheStats":
-        return CacheStats(**{name: value + getattr(other, name) for name, value in self.__dict__.items()})
-
-    def as_dict(self) -> dict[str, float]:
-        stats = dict(self.__dict__)
-        stats["prefetch_coverage"] = self.predicted_used / self.used_after_prediction if self.predicted else 0.0
-        stats["prefetch_waste"] = 1 - self.predicted_used / self.predicted if self.predicted else 0.0
-        return stats
 
 
 class ExpertCache:

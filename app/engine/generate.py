@@ -2,10 +2,11 @@
 
 from collections.abc import Iterator
 
-from app.engine.protocol import Done, Tokens
+from app.engine.answer_events import AnswerEvents
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
 from app.engine.scheduler import Sequence, run_alone
+from app.protocol.events import Done, Tokens
 
 
 def generate(
@@ -14,7 +15,10 @@ def generate(
     sampler: Sampler,
     max_new_tokens: int,
     stop_ids: list[int],
+    answer: AnswerEvents | None = None,
 ) -> Iterator[Tokens | Done]:
     """A new sequence over the runner's cache: yield one `Tokens` per step, then `Done` with the statistics
-    of the whole generation."""
-    return run_alone(runner.model, Sequence(0, prompt_ids, runner, sampler, max_new_tokens, stop_ids))
+    of the whole generation, made by `answer` (by default: request 0, token ids without text)."""
+    answer = answer or AnswerEvents()
+    sequence = Sequence(answer.request_id, prompt_ids, runner, sampler, max_new_tokens, stop_ids, answer=answer)
+    return run_alone(runner.model, sequence)

@@ -2,8 +2,9 @@
 
 import time
 
-from app.engine.experts import CacheStats
 from app.errors import UserError
+from app.protocol.kinds import StopReason
+from app.protocol.stats import CacheStats, GenerationStats
 
 
 def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
@@ -16,27 +17,21 @@ def check_prompt(prompt_ids: list[int], vocab_size: int) -> None:
 
 def stop_reason(
     token: int, emitted: int, max_new_tokens: int, stop_ids: list[int], cache_length: int, capacity: int
-) -> str | None:
+) -> StopReason | None:
     """Why the generation ends once `token` is out as its `emitted`-th token (the cache then holds
     `cache_length` tokens, the prompt and every emitted token but this one), or None."""
     if token in stop_ids:
-        return "stop"
+        return StopReason.STOP
     if emitted >= max_new_tokens:
-        return "length"
+        return StopReason.LENGTH
     if cache_length >= capacity:
-        return "context"
+        return StopReason.CONTEXT
     return None
 
 
 def generation_stats(prompt_tokens: int, emitted: int, started: float, first_token_at: float,
-                     expert_cache: CacheStats) -> dict:
-    """Done's statistics: the first token comes from the prefill, the others from decode steps;
-    `expert_cache` is the cache's work for this generation."""
+                     expert_cache: CacheStats) -> GenerationStats:
+    """Done's statistics, up to now: `emitted` tokens, the first at `first_token_at` (from the prefill)."""
     decode_seconds = time.perf_counter() - first_token_at
-    return {
-        "prefill_tokens": prompt_tokens,
-        "decode_tokens": emitted - 1,
-        "ttft_s": first_token_at - started,
-        "decode_tok_s": (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0,
-        "expert_cache": expert_cache.as_dict(),
-    }
+    return GenerationStats(prompt_tokens, emitted - 1, first_token_at - started,
+                           (emitted - 1) / decode_seconds if decode_seconds > 0 else 0.0, expert_cache)

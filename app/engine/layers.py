@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from app.engine.linear import Fp8Weight, linear
+from app.kernels.silu_glu import silu_glu as kernel_silu_glu
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -56,8 +57,8 @@ def attend(
 def silu_glu(
     x: torch.Tensor, gate: torch.Tensor | Fp8Weight, up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
 ) -> torch.Tensor:
-    """The SiLU-gated MLP: x [T, in], gate/up [W, in], down [out, W] (rows are output features) -> [T, out]."""
-    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
+    """The SiLU-gated MLP (`app.kernels.silu_glu`) over weights kept as tensors or as FP8."""
+    return kernel_silu_glu(x, gate, up, down, linear)
 
 
 def finish_forward(model, x: torch.Tensor, outputs: dict, capture: tuple[int, ...], last_only: bool):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from app.engine.fp8 import dequantize
+from app.kernels.formats.fp8 import dequantize
 from app.kernels.fp8_linear import fp8_linear_op
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
@@ -32,7 +32,7 @@ class Fp8Weight:
 def load_linear(
     stored: Mapping[str, torch.Tensor], block: tuple[int, int] | None, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor | Fp8Weight:
-    """A linear weight as its checkpoint stores it ({"weight"} plus an FP8 scale, see app.engine.fp8) on
+    """A linear weight as its checkpoint stores it ({"weight"} plus an FP8 scale, see app.kernels.formats.fp8) on
     `device`: an Fp8Weight where `keeps_fp8(device)`, otherwise a tensor in `dtype`."""
     on_device = {name: tensor.to(device) for name, tensor in stored.items()}
     if keeps_fp8(device) and PER_CHANNEL_SCALE in on_device:

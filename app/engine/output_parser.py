@@ -1,4 +1,4 @@
-"""Streaming parsers: generated token ids in, ("reasoning" | "answer", text) pieces out.
+"""Streaming parsers: generated token ids in, (reasoning | answer, text) pieces out.
 
 Special tokens are matched by id; only the ids of a message's body are decoded, and never into
 half of a multi-byte character.
@@ -7,12 +7,13 @@ half of a multi-byte character.
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-REASONING = "reasoning"
-ANSWER = "answer"
-REPLACEMENT_CHARACTER = "\ufffd"
-HARMONY_CHANNEL_KINDS = {"analysis": REASONING, "commentary": REASONING, "final": ANSWER}
+from app.protocol.kinds import Piece, PieceKind
 
-Piece = tuple[str, str]
+REPLACEMENT_CHARACTER = "\ufffd"
+HARMONY_CHANNEL_KINDS = {
+    "analysis": PieceKind.REASONING, "commentary": PieceKind.REASONING, "final": PieceKind.ANSWER,
+}
+
 Decode = Callable[[Sequence[int]], str]
 
 
@@ -43,7 +44,7 @@ class IncrementalText:
 class OutputParser(ABC):
     """Splits a generated stream into messages; subclasses decide where messages begin and end."""
 
-    def __init__(self, decode: Decode, kind: str):
+    def __init__(self, decode: Decode, kind: PieceKind):
         self._decode = decode
         self._kind = kind
         self._text = IncrementalText(decode)
@@ -63,7 +64,7 @@ class OutputParser(ABC):
     def _route(self, token: int) -> None:
         """Append `token` to the current message's text, or act on it as a control token."""
 
-    def _start_message(self, kind: str) -> None:
+    def _start_message(self, kind: PieceKind) -> None:
         self._hand_out(self._text.take(final=True))
         self._text = IncrementalText(self._decode)
         self._kind = kind
@@ -81,7 +82,7 @@ class PlainParser(OutputParser):
     """For models without a reasoning format: everything is the answer."""
 
     def __init__(self, decode: Decode):
-        super().__init__(decode, ANSWER)
+        super().__init__(decode, PieceKind.ANSWER)
 
     def _route(self, token: int) -> None:
         self._text.append(token)
@@ -94,15 +95,15 @@ class ThinkParser(OutputParser):
     """
 
     def __init__(self, decode: Decode, think_id: int, end_think_id: int, in_reasoning_at_start: bool):
-        super().__init__(decode, REASONING if in_reasoning_at_start else ANSWER)
+        super().__init__(decode, PieceKind.REASONING if in_reasoning_at_start else PieceKind.ANSWER)
         self._think_id = think_id
         self._end_think_id = end_think_id
 
     def _route(self, token: int) -> None:
         if token == self._think_id:
-            self._start_message(REASONING)
+            self._start_message(PieceKind.REASONING)
         elif token == self._end_think_id:
-            self._start_message(ANSWER)
+            self._start_message(PieceKind.ANSWER)
         else:
             self._text.append(token)
 
@@ -120,7 +121,7 @@ class HarmonyParser(OutputParser):
 
     def __init__(self, decode: Decode, token_ids: dict[str, int]):
         """`token_ids` maps every token in CONTROL_TOKENS to its id."""
-        super().__init__(decode, ANSWER)
+        super().__init__(decode, PieceKind.ANSWER)
         self._start_id, self._channel_id, self._constrain_id, self._message_id = (
             token_ids[token] for token in self.HEADER_TOKENS
         )
@@ -132,23 +133,23 @@ class HarmonyParser(OutputParser):
             self._start_message(self._channel_kind())
             self._header_ids = None
         elif token in self._terminator_ids:
-            self._start_message(ANSWER)
+            self._start_message(PieceKind.ANSWER)
             self._header_ids = None
         elif token == self._start_id or (token == self._channel_id and self._header_ids is None):
-            self._start_message(ANSWER)
+            self._start_message(PieceKind.ANSWER)
             self._header_ids = [token]
         elif self._header_ids is not None:
             self._header_ids.append(token)
         else:
             self._text.append(token)
 
-    def _channel_kind(self) -> str:
+    def _channel_kind(self) -> PieceKind:
         header = self._header_ids or []
         if self._channel_id not in header:
-            return ANSWER
+            return PieceKind.ANSWER
         name_ids = header[header.index(self._channel_id) + 1 :]
         if self._constrain_id in name_ids:
             name_ids = name_ids[: name_ids.index(self._constrain_id)]
         # A recipient may follow the channel name: "commentary to=functions.get_weather".
         words = self._decode(name_ids).split()
-        return HARMONY_CHANNEL_KINDS.get(words[0], ANSWER) if words else ANSWER
+        return HARMONY_CHANNEL_KINDS.get(words[0], PieceKind.ANSWER) if words else PieceKind.ANSWER

@@ -1,7 +1,7 @@
 """The engine process: a loop that takes requests from one queue and puts events on another.
 
 `EngineServer` does the work and reports through `send`; the loop around it only moves messages,
-so tests can drive the server directly. The process is started by `protocol.spawn_engine`.
+so tests can drive the server directly. The process is started by `spawn_engine` (app/protocol/engine_process.py).
 
 No request can end the engine: whatever one raises becomes an Error event for that request (for a
 batch step, for the requests in that step), and the engine goes on with the others.
@@ -17,22 +17,13 @@ import torch
 
 from app.engine.batch import Batch
 from app.engine.prompts import PromptWorker
-from app.engine.protocol import (
-    Cancel,
-    Done,
-    Error,
-    Generate,
-    Loaded,
-    LoadModel,
-    LoadProgress,
-    Shutdown,
-    StepStats,
-    Tokens,
-)
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
 from app.errors import UserError
+from app.protocol.events import Done, Error, Loaded, LoadProgress, ModelInfo, StepStats, Tokens
+from app.protocol.kinds import ErrorKind, StopReason
+from app.protocol.requests import Cancel, Generate, LoadModel, Shutdown
 from app.request_limits import check_seed, check_temperature, check_top_k, check_top_p
 
 STATS_INTERVAL_S = 0.1
@@ -48,10 +39,10 @@ class PromptReady:
     """Put on the engine's own request queue when a prompt's ids are ready, to wake its loop."""
 
 
-def failure(error: Exception, request_id: int | None, kind: str = "internal") -> Error:
+def failure(error: Exception, request_id: int | None, kind: ErrorKind = ErrorKind.INTERNAL) -> Error:
     """The Error event for an exception a request raised."""
     if isinstance(error, torch.OutOfMemoryError):
-        return Error("oom", OUT_OF_MEMORY, request_id)
+        return Error(ErrorKind.OOM, OUT_OF_MEMORY, request_id)
     words = (str(error).splitlines() or [""])[0]
     return Error(kind, f"the engine failed on this request ({type(error).__name__}: {words}); it goes on "
                        "serving the others", request_id)
@@ -100,18 +91,18 @@ class EngineServer:
 
     def handle(self, request) -> None:
         request_id = getattr(request, "request_id", None)
+        loading = isinstance(request, LoadModel)
         try:
-            if isinstance(request, LoadModel):
+            if loading:
                 self._load(request)
             elif isinstance(request, Generate):
                 self._generate(request)
         except Cancelled:
-            self.send(Error("cancelled", "cancelled", request_id))
+            self.send(Error(ErrorKind.CANCELLED, "cancelled", request_id))
         except UserError as error:
-            kind = "load" if isinstance(request, LoadModel) else "request"
-            self.send(Error(kind, str(error), request_id))
+            self.send(Error(ErrorKind.LOAD if loading else ErrorKind.REQUEST, str(error), request_id))
         except Exception as error:
-            self.send(failure(error, request_id, "load" if isinstance(request, LoadModel) else "internal"))
+            self.send(failure(error, request_id, ErrorKind.LOAD if loading else ErrorKind.INTERNAL))
 
     def step(self) -> None:
         """One decode step of every generation in the batch, then a look for cancellations."""
@@ -134,7 +125,7 @@ class EngineServer:
         for running in [request_id] if request_id is not None else list(self.batch.sequences):
             stats = self.batch.leave(running)
             if stats is not None:
-                self.send(Done("cancelled", stats, running))
+                self.send(Done(StopReason.CANCELLED, stats, running))
 
     def _load(self, request: LoadModel) -> None:
         self.cancel(None)
@@ -153,18 +144,12 @@ class EngineServer:
         loaded = self.session.loaded
         self.batch = Batch(self.session, request.max_batch)
         self._stats = StatsClock(loaded.model.experts)
-        self.send(Loaded({
-            "path": request.path,
-            "model_type": loaded.folder.model_type,
-            "vocab_size": loaded.facts.vocab_size,
-            "context": loaded.context,
-            "expert_slots": loaded.placement.expert_slots,
-            "total_experts": loaded.facts.total_experts,
-            "device_bytes": loaded.placement.device_bytes,
-            "has_tokenizer": self.session.tokenizer is not None,
-            "spec": spec.method,
-            "max_batch": request.max_batch,
-        }))
+        self.send(Loaded(ModelInfo(
+            request.path, loaded.folder.model_type, loaded.facts.vocab_size, loaded.context,
+            loaded.placement.expert_slots, loaded.facts.total_experts, loaded.placement.device_bytes,
+            has_tokenizer=self.session.tokenizer is not None, spec=spec.method,
+            max_batch=request.max_batch,
+        )))
 
     def _generate(self, request: Generate) -> None:
         made = self.prompts.result(request.request_id)
@@ -181,10 +166,13 @@ class EngineServer:
         self._send_all(self.batch.join(request.request_id, ids, sampling, request.max_new_tokens))
 
     def _send_all(self, events: list) -> None:
+        """The events, with the figures since the last ones before any Done (a request's last event)."""
+        ends = [event for event in events if isinstance(event, Done)]
         for event in events:
+            if not isinstance(event, Done):
+                self.send(event)
+        for event in self._stats.tick(events, list(self.batch.sequences)) + ends:
             self.send(event)
-        for stats in self._stats.tick(events, list(self.batch.sequences)):
-            self.send(stats)
 
 
 class StatsClock:
@@ -201,12 +189,17 @@ class StatsClock:
         self.tokens = Counter()
 
     def tick(self, events: list, running: list[int]) -> list[StepStats]:
+        """Also at once for a generation that ended in `events`: a short answer still gets its figures."""
+        ended = []
         for event in events:
             if isinstance(event, Tokens):
                 self.tokens[event.request_id] += len(event.token_ids)
+            elif isinstance(event, Done):
+                ended.append(event.request_id)
         now = time.perf_counter()
-        if now - self.last_time < STATS_INTERVAL_S:
+        if now - self.last_time < STATS_INTERVAL_S and not ended:
             return []
+        running = running + ended
         current = self.experts.snapshot()
         delta, seconds, resident = current.since(self.last_stats), now - self.last_time, residency(self.experts)
         reported = [_step_stats(request_id, self.tokens[request_id], seconds, delta, resident)
@@ -216,9 +209,8 @@ class StatsClock:
 
 
 def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: list[float]) -> StepStats:
-    figures = delta.as_dict()
     return StepStats(request_id, tokens, seconds, delta.hits, delta.misses, delta.bytes_fetched,
-                     figures["prefetch_coverage"], figures["prefetch_waste"], resident)
+                     delta.prefetch_coverage, delta.prefetch_waste, resident)
 
 
 def residency(cache) -> list[float]:
@@ -254,7 +246,7 @@ def engine_main(requests, events) -> None:
         for generate in waiting:
             inbox.remove(generate)
             server.prompts.forget(generate.request_id)
-            events.put(Done("cancelled", {}, generate.request_id))
+            events.put(Done(StopReason.CANCELLED, None, generate.request_id))
         if request.request_id is None:
             return True
         server.cancel(request.request_id)

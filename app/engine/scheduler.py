@@ -11,24 +11,26 @@ the server's batch are front doors to this loop.
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
-from app.engine.experts import CacheStats
+from app.engine.answer_events import AnswerEvents
 from app.engine.generation import check_prompt, generation_stats, stop_reason
-from app.engine.protocol import Done, SpecStep, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
 from app.engine.spec.drafter import Drafter, Proposal
 from app.engine.spec.sizer import BlockSizer
 from app.engine.spec.step import Speculator
+from app.protocol.events import Done, SpecStep, Tokens
+from app.protocol.stats import BatchStats, CacheStats, GenerationStats, SpecStats
 
 
 @dataclass(eq=False)
 class Sequence:
     """One generation: its cache and passes (`runner`), its sampling, and with a drafter its speculation (a
-    forced `block_size`, else the cost-aware policy, which learns from the steps the sequence runs alone)."""
+    forced `block_size`, else the cost-aware policy, which learns from the steps the sequence runs alone).
+    Its events are made by `answer` (by default: token ids without text, for request `request_id`)."""
 
     request_id: int
     prompt_ids: list[int]
@@ -36,7 +38,7 @@ class Sequence:
     sampler: Sampler
     max_new_tokens: int
     stop_ids: list[int]
-    parser: object | None = None  # the tokenizer's OutputParser: its pieces ride on the Tokens events
+    answer: AnswerEvents | None = None
     drafter: Drafter | None = None
     block_size: int | None = None
     fetch_bandwidth: float | None = None  # the policy's first guess of the copy speed, bytes/s
@@ -51,6 +53,9 @@ class Sequence:
     accepted: list[int] = field(default_factory=list)
     speculator: Speculator | None = None
     sizer: BlockSizer | None = None
+
+    def __post_init__(self):
+        self.answer = self.answer or AnswerEvents(self.request_id)
 
     @property
     def cache(self):
@@ -71,12 +76,13 @@ class _Plan:
 
 class Scheduler:
     """The sequences decoding on one model; `join` and `step` return the events they produced (Tokens per
-    sequence and step, and at a sequence's end its parser's last text and Done, whose stats add `spec` for a
-    speculative sequence and `batch`: steps and mean batch size). A step's expert-cache work counts in full for
-    each sequence in it."""
+    sequence and step, and at a sequence's end its answer's last text and Done, whose stats add `spec` for a
+    speculative sequence and, with `batch_stats`, `batch`: steps and mean batch size). A step's expert-cache work
+    counts in full for each sequence in it."""
 
-    def __init__(self, model):
+    def __init__(self, model, batch_stats: bool = False):
         self.model = model
+        self.batch_stats = batch_stats
         self.sequences: dict[int, Sequence] = {}
         self._cache_stats = model.experts.snapshot()  # read once a step: with every expert resident a read syncs
 
@@ -130,7 +136,7 @@ class Scheduler:
                                  if sequence.speculator else None)
         return events
 
-    def leave(self, request_id: int) -> dict | None:
+    def leave(self, request_id: int) -> GenerationStats | None:
         """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
         sequence = self.sequences.pop(request_id, None)
         if sequence is None:
@@ -180,34 +186,26 @@ class Scheduler:
             if reason:
                 break
         sequence.token = out[-1]
-        parser = sequence.parser
-        drafted = [i < kept for i in range(len(out))] if spec else []
-        events = [Tokens(out, parser.feed(out) if parser else [], sequence.request_id, drafted, spec)]
+        drafted = [i < kept for i in range(len(out))] if spec else None
+        events = [sequence.answer.tokens(out, drafted, spec)]
         if reason:
             del self.sequences[sequence.request_id]
-            if parser:
-                events.append(Tokens([], parser.finish(), sequence.request_id))
-            events.append(Done(reason, self._stats(sequence), sequence.request_id))
+            events += sequence.answer.done(reason, self._stats(sequence))
         return events
 
-    def _stats(self, sequence: Sequence) -> dict:
+    def _stats(self, sequence: Sequence) -> GenerationStats:
         stats = generation_stats(len(sequence.prompt_ids), sequence.emitted, sequence.started,
                                  sequence.first_token_at, sequence.expert_cache)
+        spec = None
         if sequence.speculator:
             accepted = sequence.accepted
-            stats["spec"] = {
-                "policy": "fixed" if sequence.block_size else "cost-aware",
-                "steps": len(sequence.block_sizes),
-                "block_sizes": sequence.block_sizes,
-                "accepted_per_step": accepted,
-                "mean_accepted": sum(accepted) / len(accepted) if accepted else 0.0,
-            }
+            spec = SpecStats("fixed" if sequence.block_size else "cost-aware", len(sequence.block_sizes),
+                             sequence.block_sizes, accepted, sum(accepted) / len(accepted) if accepted else 0.0)
         mean_size = sequence.batched_with / sequence.steps if sequence.steps else 0.0
-        return {**stats, "batch": {"steps": sequence.steps, "mean_size": mean_size}}
+        return replace(stats, spec=spec, batch=BatchStats(sequence.steps, mean_size) if self.batch_stats else None)
 
 
 def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
-    figures = step.as_dict()
     return SpecStep(
         block_size=size,
         accepted=kept,
@@ -215,8 +213,8 @@ def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
         hits=step.hits,
         misses=step.misses,
         bytes_fetched=step.bytes_fetched,
-        prefetch_coverage=figures["prefetch_coverage"],
-        prefetch_waste=figures["prefetch_waste"],
+        prefetch_coverage=step.prefetch_coverage,
+        prefetch_waste=step.prefetch_waste,
     )
 
 

@@ -1,15 +1,14 @@
 """One request end to end: prompt (text, chat or raw ids) -> tokens -> reasoning/answer text."""
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from app.engine.answer_events import AnswerEvents
 from app.engine.generate import generate
 from app.engine.generation import check_prompt
 from app.engine.loader import LoadedModel, load_model
-from app.engine.output_parser import ANSWER
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
@@ -21,6 +20,9 @@ from app.engine.tokenizer import ChatTokenizer
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
+from app.protocol.events import Done, Tokens
+from app.protocol.kinds import PieceKind
+from app.protocol.stats import stats_dict
 
 NO_SPECULATION = SpecOptions()
 
@@ -98,28 +100,27 @@ class Session:
         answer, kept for all of them (the server's batch gives each sequence its own instead)."""
         return StepRunner(self.loaded.model, self.loaded.context)
 
-    def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int) -> Iterator[Tokens | Done]:
+    def generate(self, ids: list[int], sampling: SamplingParams, max_new_tokens: int,
+                 request_id: int = 0) -> Iterator[Tokens | Done]:
         runner = self.runner
-        parser = self.tokenizer.output_parser(ids) if self.tokenizer else None
+        answer = self.answer_events(request_id, ids)
         sampler = Sampler(sampling, runner.model.device)
         stop_ids = self.loaded.folder.stop_token_ids()
         drafter = self.speculation.new_drafter(runner.cache.capacity) if self.speculation else None
         if drafter:
             events = speculative_generate(runner, ids, sampler, max_new_tokens, stop_ids, drafter,
-                                          self.speculation.block_size)
+                                          self.speculation.block_size, answer=answer)
         else:
-            events = generate(runner, ids, sampler, max_new_tokens, stop_ids)
+            events = generate(runner, ids, sampler, max_new_tokens, stop_ids, answer)
         try:
-            for event in events:
-                if isinstance(event, Done):
-                    if parser:
-                        yield Tokens([], parser.finish())
-                    yield event
-                else:
-                    yield replace(event, pieces=parser.feed(event.token_ids) if parser else [])
+            yield from events
         finally:  # ended, or cancelled: the drafter's context may serve the next answer
             if drafter:
                 self.speculation.release(drafter)
+
+    def answer_events(self, request_id: int, prompt_ids: list[int]) -> AnswerEvents:
+        """The events of the answer to `prompt_ids`, with its text when the model has a tokenizer."""
+        return AnswerEvents(request_id, self.tokenizer.output_parser(prompt_ids) if self.tokenizer else None)
 
 
 def open_speculation(spec: SpecOptions, folder: ModelFolder) -> Speculation | None:
@@ -147,15 +148,15 @@ def load_with_speculation(
 
 def collect(events: Iterator[Tokens | Done]) -> dict:
     """The whole answer as the CLI's --json object."""
-    token_ids, texts = [], {ANSWER: ""}
+    token_ids, texts = [], {PieceKind.ANSWER: ""}
     for event in events:
         if isinstance(event, Done):
             return {
                 "token_ids": token_ids,
-                "text": texts.pop(ANSWER),
+                "text": texts.pop(PieceKind.ANSWER),
                 **texts,
                 "stop_reason": event.stop_reason,
-                "stats": event.stats,
+                "stats": stats_dict(event.stats),
             }
         token_ids += event.token_ids
         for kind, text in event.pieces:

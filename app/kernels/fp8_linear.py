@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import torch
 
-from app.engine.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.choice import kernel_or_reference
+from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 
 
 def fp8_linear_torch(

@@ -16,11 +16,11 @@ from functools import partial
 
 import torch
 
-from app.engine.fp8 import dequantize
-from app.engine.layers import silu_glu
 from app.kernels.choice import kernel_or_reference, triton_runs
 from app.kernels.cpu import library as cpu
 from app.kernels.expert_op import ExpertOp
+from app.kernels.formats.fp8 import dequantize
+from app.kernels.silu_glu import silu_glu
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")

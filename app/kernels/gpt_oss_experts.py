@@ -14,10 +14,10 @@ from functools import partial
 
 import torch
 
-from app.engine.mxfp4 import decode_mxfp4
 from app.kernels.choice import kernel_or_reference, triton_runs
 from app.kernels.cpu import library as cpu
 from app.kernels.expert_op import ExpertOp
+from app.kernels.formats.mxfp4 import decode_mxfp4
 
 MXFP4_TENSORS = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
                  "down_proj_scales", "down_proj_bias")

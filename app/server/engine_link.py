@@ -17,19 +17,11 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from app.engine.protocol import (
-    Cancel,
-    Done,
-    EngineProcess,
-    Error,
-    Generate,
-    Heartbeat,
-    Loaded,
-    LoadModel,
-    LoadProgress,
-    spawn_engine,
-)
 from app.errors import UserError
+from app.protocol.engine_process import EngineProcess, spawn_engine
+from app.protocol.events import Done, Error, Heartbeat, Loaded, LoadProgress, ModelInfo
+from app.protocol.kinds import ErrorKind
+from app.protocol.requests import Cancel, Generate, LoadModel
 
 RECENT = 64  # ended generations kept for /v1/moechat/status
 POLL_S = 0.25  # how often the event reader looks at the process while nothing arrives
@@ -58,7 +50,7 @@ def exit_words(exitcode: int | None) -> str:
 
 
 def load(engine: EngineProcess, request: LoadModel, on_progress=lambda stage, fraction: None,
-         timeout_s: float = 30.0) -> dict:
+         timeout_s: float = 30.0) -> ModelInfo:
     """Load the model in the engine and wait for it; the Loaded info, or a UserError with the engine's words
     (also when the process ends, or sends nothing for `timeout_s`, while loading)."""
     engine.send(request)
@@ -102,7 +94,7 @@ class EngineLink:
                  spawn: Callable[[], EngineProcess] = spawn_engine):
         self.load_request, self.max_queue, self.timeout_s, self.spawn = load_request, max_queue, timeout_s, spawn
         self.engine: EngineProcess | None = None
-        self.info: dict = {}
+        self.info: ModelInfo | None = None
         self.state = STOPPED
         self.restarts = 0
         self.failure: str | None = None  # why the last engine ended
@@ -117,9 +109,9 @@ class EngineLink:
 
     @property
     def max_in_flight(self) -> int:
-        return self.info.get("max_batch", 1) + self.max_queue
+        return (self.info.max_batch if self.info else 1) + self.max_queue
 
-    def load_first(self, on_progress=lambda stage, fraction: None) -> dict:
+    def load_first(self, on_progress=lambda stage, fraction: None) -> ModelInfo:
         """Start the engine and load the plan, before the server answers; a UserError when it cannot."""
         self.engine, self.info = self._start(on_progress)
         self.state = READY
@@ -183,7 +175,7 @@ class EngineLink:
             "recent": list(self.recent),
         }
 
-    def _start(self, on_progress=lambda stage, fraction: None) -> tuple[EngineProcess, dict]:
+    def _start(self, on_progress=lambda stage, fraction: None) -> tuple[EngineProcess, ModelInfo]:
         engine = self.spawn()
         try:
             return engine, load(engine, self.load_request, on_progress, self.timeout_s)
@@ -255,11 +247,11 @@ class EngineLink:
         self.restarts += 1
         for request_id, events in list(self._in_flight.items()):
             if events is not None:
-                events.put_nowait(Error("unavailable", f"{failure}: the server is restarting it; send the request "
-                                        "again", request_id))
-            self._ended(request_id, "unavailable")
+                events.put_nowait(Error(ErrorKind.UNAVAILABLE, f"{failure}: the server is restarting it; send the "
+                                        "request again", request_id))
+            self._ended(request_id, ErrorKind.UNAVAILABLE)
 
-    def _restarted(self, engine: EngineProcess, info: dict) -> None:
+    def _restarted(self, engine: EngineProcess, info: ModelInfo) -> None:
         self.engine, self.info, self.state = engine, info, READY
 
     def _gave_up(self, failure: str) -> None:

@@ -4,12 +4,12 @@ strings applied, then a finish reason and the engine's figures."""
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from app.engine.protocol import Done, Error, Generate, Tokens
+from app.protocol.events import Done, Error, Tokens
+from app.protocol.kinds import PieceKind, StopReason
+from app.protocol.requests import Generate
+from app.protocol.stats import GenerationStats
 from app.server.engine_link import EngineLink
 from app.server.stop_text import StopText
-
-ANSWER, REASONING = "answer", "reasoning"
-FINISH_REASONS = {"stop": "stop", "length": "length", "context": "length", "cancelled": "stop"}
 
 
 class EngineRefused(Exception):
@@ -22,12 +22,12 @@ class EngineRefused(Exception):
 
 @dataclass
 class Update:
-    """New text by kind ("answer", "reasoning"), the new token ids; at the end the finish reason and Done's stats."""
+    """New text by kind, the new token ids; at the end the finish reason and Done's stats."""
 
-    text: dict[str, str] = field(default_factory=dict)
+    text: dict[PieceKind, str] = field(default_factory=dict)
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
-    stats: dict | None = None
+    stats: GenerationStats | None = None
 
 
 class Generation:
@@ -72,8 +72,8 @@ class Generation:
         update = Update(token_ids=list(event.token_ids))
         self.completion_tokens += len(event.token_ids)
         for kind, text in event.pieces:
-            kind = ANSWER if self.merge_kinds else kind
-            if kind == ANSWER:
+            kind = PieceKind.ANSWER if self.merge_kinds else kind
+            if kind == PieceKind.ANSWER:
                 text = self.stop.feed(text)
             update.text[kind] = update.text.get(kind, "") + text
         if self.stop.stopped:  # its Done follows within a step and brings the figures
@@ -82,9 +82,9 @@ class Generation:
 
     def _finish(self, done: Done) -> Update:
         self.ended = True
-        self.prompt_tokens = done.stats.get("prefill_tokens", 0)
-        reason = "stop" if self.stop.stopped else FINISH_REASONS[done.stop_reason]
-        return Update(text={ANSWER: self.stop.finish()}, finish_reason=reason, stats=done.stats)
+        self.prompt_tokens = done.stats.prefill_tokens if done.stats else 0
+        reason = StopReason.STOP.finish_reason if self.stop.stopped else done.stop_reason.finish_reason
+        return Update(text={PieceKind.ANSWER: self.stop.finish()}, finish_reason=reason, stats=done.stats)
 
     @property
     def usage(self) -> dict:

@@ -15,7 +15,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.middleware.cors import CORSMiddleware
 
-from app.engine.protocol import Generate
+from app.protocol.kinds import ErrorKind
+from app.protocol.requests import Generate
+from app.protocol.stats import stats_dict
 from app.server.api_errors import ApiError, error_body
 from app.server.engine_link import READY, RESTARTING, Busy, EngineLink, EngineUnavailable
 from app.server.formats import ChatFormat, CompletionFormat
@@ -69,7 +71,7 @@ def create_app(link: EngineLink, options: ServerOptions) -> FastAPI:
 
     @app.get("/v1/moechat/status")
     async def status() -> dict:
-        return {"model": model_name, "context": link.info.get("context"), **link.status()}
+        return {"model": model_name, "context": link.info.context if link.info else None, **link.status()}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -100,7 +102,7 @@ def _checked(body: SamplingFields, link: EngineLink, model_name: str) -> int:
         raise ApiError(404, f"the model '{body.model}' is not served here; this server serves '{model_name}'",
                        "not_found_error", param="model")
     _ready(link)
-    context = link.info["context"]
+    context = link.info.context
     check_fields(body, context)
     return context
 
@@ -134,9 +136,9 @@ async def _respond(link: EngineLink, generate: Generate, body: SamplingFields, r
 def _refusal(refused: EngineRefused) -> ApiError:
     """The HTTP error for an engine's Error event."""
     error = refused.error
-    if error.kind == "request":
+    if error.kind == ErrorKind.REQUEST:
         return ApiError(400, error.message)
-    if error.kind == "unavailable":
+    if error.kind == ErrorKind.UNAVAILABLE:
         return ApiError(503, error.message, "server_error", RETRY)
     return ApiError(500, error.message, "server_error")
 
@@ -165,7 +167,7 @@ async def _collect(generation: Generation, first: Update, formatter) -> dict:
         for kind, piece in update.text.items():
             text[kind] = text.get(kind, "") + piece
     return formatter.whole(text, update.finish_reason, generation.usage, {"token_ids": token_ids,
-                                                                           "stats": update.stats})
+                                                                           "stats": stats_dict(update.stats)})
 
 
 async def _and_rest(first: Update, generation: Generation) -> AsyncIterator[Update]:
@@ -181,7 +183,7 @@ async def _events(generation: Generation, first: Update, formatter, include_usag
         async for update in _and_rest(first, generation):
             extra = {"token_ids": update.token_ids}
             if update.finish_reason:
-                extra["stats"] = update.stats
+                extra["stats"] = stats_dict(update.stats)
             yield _sse(formatter.chunk(update.text, update.finish_reason, extra))
     except EngineRefused as refused:
         failure = _refusal(refused)

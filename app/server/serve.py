@@ -2,7 +2,7 @@
 
 The engine process ends with the server, however the server is stopped: Ctrl+C and SIGTERM (as `kill`
 and systemd send) shut it down in order; were the server killed outright, the engine notices that its
-parent is gone and exits by itself (`app.engine.protocol.keep_in_touch`)."""
+parent is gone and exits by itself (`app.protocol.engine_process.keep_in_touch`)."""
 
 import errno
 import ipaddress
@@ -12,8 +12,8 @@ import sys
 
 import uvicorn
 
-from app.engine.protocol import LoadModel
 from app.errors import UserError
+from app.protocol.requests import LoadModel
 from app.server.engine_link import EngineLink
 from app.server.openai_api import create_app
 from app.server.options import ServerOptions
@@ -57,7 +57,7 @@ def serve(load_request: LoadModel, options: ServerOptions) -> None:
             f"\rmoechat: loading {name}: {stage} {fraction:.0%}   ", end="", file=sys.stderr, flush=True))
         print(file=sys.stderr)
         app = create_app(link, options)
-        print(f"moechat: serving {name} at http://{options.host}:{options.port}/v1 ({info['max_batch']} decoding "
+        print(f"moechat: serving {name} at http://{options.host}:{options.port}/v1 ({info.max_batch} decoding "
               f"together, {options.max_queue} waiting at most)", file=sys.stderr, flush=True)
         uvicorn.run(app, host=options.host, port=options.port, log_level="warning")
     finally:

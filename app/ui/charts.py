@@ -7,7 +7,7 @@ from PySide6.QtCore import QRectF, QTimer
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
 
-from app.engine.protocol import StepStats
+from app.protocol.events import StepStats
 from app.ui.live_stats import LiveStats
 from app.ui.theme import Palette, current
 

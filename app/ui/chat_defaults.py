@@ -3,6 +3,8 @@
 
 from app.errors import UserError
 from app.model_folder import read_generation_config
+from app.protocol.events import ModelInfo
+from app.remote import RemoteModel
 from app.ui.app_settings import AppSettings
 from app.ui.conversation import DEFAULT_SETTINGS
 
@@ -11,11 +13,11 @@ _FROM_GENERATION_CONFIG = {"temperature": "temperature", "top_p": "top_p", "top_
                            "max_new_tokens": "max_tokens"}
 
 
-def model_key(info: dict | None) -> str | None:
+def model_key(info: ModelInfo | RemoteModel | None) -> str | None:
     """The name a model's saved default goes under: its folder, or a remote server's address and model id."""
-    if not info:
+    if info is None:
         return None
-    return f"{info['path']} {info['model']}" if info.get("remote") else info["path"]
+    return f"{info.base_url} {info.model}" if isinstance(info, RemoteModel) else info.path
 
 
 def shipped_sampling(folder: str) -> dict:
@@ -35,10 +37,10 @@ class ChatDefaults:
     def __init__(self, settings: AppSettings):
         self.settings = settings
 
-    def for_model(self, info: dict | None) -> dict:
-        """A new chat's settings with the model `info` describes (the engine's Loaded info; None: no model)."""
-        shipped = shipped_sampling(info["path"]) if info and not info.get("remote") else {}
+    def for_model(self, info: ModelInfo | RemoteModel | None) -> dict:
+        """A new chat's settings with the model loaded (None: no model)."""
+        shipped = shipped_sampling(info.path) if isinstance(info, ModelInfo) else {}
         return {**DEFAULT_SETTINGS, **shipped, **self.settings.model_defaults.get(model_key(info), {})}
 
-    def save(self, info: dict, settings: dict) -> None:
+    def save(self, info: ModelInfo | RemoteModel, settings: dict) -> None:
         self.settings.set_model_default(model_key(info), settings)

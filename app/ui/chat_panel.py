@@ -1,12 +1,12 @@
 """The chat: the conversation view, the composer, and the glue to the engine and the chat store."""
 
-from pathlib import Path
-
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from app.chats import ChatStore, Message
-from app.engine.protocol import Done, Error, Generate
+from app.protocol.events import Done, Error, ModelInfo
+from app.protocol.kinds import StopReason
+from app.protocol.requests import Generate
 from app.ui.chat_defaults import SAMPLING, ChatDefaults
 from app.ui.chat_settings import ChatSettingsPanel
 from app.ui.chat_view import ChatView
@@ -17,11 +17,6 @@ from app.ui.engine_client import EngineClient
 
 READY_HINT = "Message (Enter sends, Shift+Enter starts a new line)"
 NO_MODEL_HINT = "Load a model in the Models tab to start."
-
-
-def model_name(info: dict) -> str:
-    """The loaded model as an answer's figures and an export name it."""
-    return info["model"] if info.get("remote") else Path(info["path"]).name
 
 
 class ChatPanel(QWidget):
@@ -101,8 +96,8 @@ class ChatPanel(QWidget):
 
     def show_context(self) -> None:
         used, estimated = context_used(self.branch, self.composer.toPlainText())
-        info = self.client.info or {}
-        self.meter.show_usage(used, estimated, info.get("context"))
+        info = self.client.info
+        self.meter.show_usage(used, estimated, info.context if isinstance(info, ModelInfo) else None)
         self.meter.setVisible(self.client.info is not None)
 
     def select_sibling(self, message_id: int) -> None:
@@ -138,7 +133,7 @@ class ChatPanel(QWidget):
 
     def continue_last(self) -> None:
         last = self.branch[-1] if self.branch else None
-        if last is not None and last.role == "assistant" and last.stats.get("stop_reason") == "length":
+        if last is not None and last.role == "assistant" and last.stats.get("stop_reason") == StopReason.LENGTH:
             self.continue_answer(last.id)
 
     def continue_answer(self, message_id: int) -> None:
@@ -192,7 +187,8 @@ class ChatPanel(QWidget):
     def _ask(self, last_id: int, continues: Message | None = None) -> None:
         """Ask for the answer to the conversation up to `last_id` (or the rest of `continues`, its message)."""
         settings = chat_settings(self.store, self.chat_id)
-        is_gpt_oss = self.client.info.get("model_type") == "gpt_oss"
+        info = self.client.info
+        is_gpt_oss = isinstance(info, ModelInfo) and info.model_type == "gpt_oss"
         request = Generate(
             0, max_new_tokens=settings["max_tokens"],
             messages=engine_messages(self.store, last_id, settings["system_prompt"]),
@@ -201,7 +197,7 @@ class ChatPanel(QWidget):
         )
         request_id = self.client.generate(request)
         question_id = continues.parent_id if continues else last_id
-        self.answer = Answer(self.store, self.chat_id, question_id, request_id, model_name(self.client.info),
+        self.answer = Answer(self.store, self.chat_id, question_id, request_id, info.name,
                              continues=continues)
         self.render()
         self._update_buttons()
@@ -233,7 +229,7 @@ class ChatPanel(QWidget):
             self._end_answer()
         self._update_buttons()
 
-    def _on_loaded(self, _info: dict) -> None:
+    def _on_loaded(self, _info) -> None:
         if self.chat_id is None:  # a new chat starts from the model's defaults
             self.settings.show_settings(self.defaults.for_model(self.client.info))
         self._update_buttons()

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QScrollArea, QToolBut
 
 from app.answer_figures import stats_line
 from app.chats import Message
+from app.protocol.kinds import StopReason
 from app.ui.message_html import clean, markdown_html
 
 ROLE_NAMES = {"user": "You", "assistant": "Assistant", "system": "System"}
@@ -45,7 +46,7 @@ class MessageWidget(QFrame):
             self.continue_button = self._action(header, "Continue",
                                                 lambda: self.continue_requested.emit(self.message_id))
             self.continue_button.setToolTip("The answer stopped at its token limit: write on from where it ends")
-            self.continue_button.setVisible(can_continue and message.stats.get("stop_reason") == "length")
+            self.continue_button.setVisible(can_continue and message.stats.get("stop_reason") == StopReason.LENGTH)
             self.regenerate_button = self._action(header, "Regenerate",
                                                   lambda: self.regenerate_requested.emit(self.message_id))
         self._action(header, "Copy", lambda: QGuiApplication.clipboard().setText(self.text))

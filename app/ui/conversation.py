@@ -7,7 +7,9 @@ the engine finishes, is stopped, or dies, so a partial answer is never lost.
 import time
 
 from app.chats import ChatStore, Message
-from app.engine.protocol import Done, Tokens
+from app.protocol.events import Done, Tokens
+from app.protocol.kinds import PieceKind
+from app.protocol.stats import GenerationStats, RemoteStats
 
 DEFAULT_SETTINGS = {
     "system_prompt": "",
@@ -18,7 +20,6 @@ DEFAULT_SETTINGS = {
     "reasoning_effort": "medium",
     "colour_drafted": False,
 }
-FINISHED_REASONS = ("stop", "length", "context")  # the engine ended the answer itself
 TITLE_CHARS = 40
 
 
@@ -68,17 +69,16 @@ class Answer:
             if event.token_ids and self.first_token_at is None:
                 self.first_token_at = self.clock()
             self.tokens += len(event.token_ids)
-            drafted = any(getattr(event, "drafted", ()))
+            drafted = any(event.drafted)
             for kind, text in event.pieces:
-                if kind == "reasoning":
+                if kind == PieceKind.REASONING:
                     self.reasoning += text
                 else:
                     if drafted and text:
                         self._mark_drafted(len(self.text), len(self.text) + len(text))
                     self.text += text
-            spec = getattr(event, "spec", None)
-            if spec is not None:
-                self.accepted.append(spec.accepted)
+            if event.spec is not None:
+                self.accepted.append(event.spec.accepted)
 
     def _mark_drafted(self, start: int, end: int) -> None:
         if self.drafted_spans and self.drafted_spans[-1][1] == start:
@@ -88,45 +88,46 @@ class Answer:
 
     def finish(self, done: Done) -> dict:
         stats = self._stats(done.stop_reason, done.stats)
-        self._store(done.stop_reason in FINISHED_REASONS, stats)
+        self._store(done.stop_reason.finished, stats)
         return stats
 
     def interrupt(self, reason: str) -> dict:
         """The engine died or failed mid-answer: keep what came, marked incomplete."""
-        stats = self._stats(reason, {})
+        stats = self._stats(reason, None)
         self._store(False, stats)
         return stats
 
     def _store(self, complete: bool, stats: dict) -> None:
         self.store.update_message(self.message_id, self.text, reasoning=self.reasoning, complete=complete, stats=stats)
 
-    def _stats(self, stop_reason: str, engine_stats: dict) -> dict:
-        """The engine's figures when it sent them, else the ones measured here."""
+    def _stats(self, stop_reason: str, reported: GenerationStats | RemoteStats | None) -> dict:
+        """The stored figures: the engine's where it sent them (a remote moechat server's too), else the ones
+        measured here; a stop reason, or the words for why the answer was interrupted."""
         now = self.clock()
-        remote = engine_stats.get("remote", False)
+        remote = isinstance(reported, RemoteStats)
+        engine = reported.engine if remote else reported
         # a remote server that sends no token ids may still count them in its usage; None: it did not say
-        tokens = engine_stats.get("completion_tokens") if remote and not self.tokens else self.tokens
+        tokens = reported.completion_tokens if remote and not self.tokens else self.tokens
         stats = {"stop_reason": stop_reason, "tokens": tokens if tokens is None else self.earlier_tokens + tokens}
         if self.model:
             stats["model"] = self.model
-        prompt = engine_stats.get("prompt_tokens") if remote else engine_stats.get("prefill_tokens")
+        prompt = reported.prompt_tokens if remote else engine.prefill_tokens if engine else None
         if prompt is not None and tokens is not None:
             stats["context_tokens"] = prompt + tokens  # what the conversation fills of the context now
-        if "decode_tok_s" in engine_stats:
-            stats["tok_s"] = engine_stats["decode_tok_s"]
-            stats["ttft_s"] = engine_stats["ttft_s"]
+        if engine is not None:
+            stats["tok_s"] = engine.decode_tok_s
+            stats["ttft_s"] = engine.ttft_s
         elif self.first_token_at is not None:
             stats["ttft_s"] = self.first_token_at - self.started
             if self.tokens > 1 and now > self.first_token_at:
                 stats["tok_s"] = (self.tokens - 1) / (now - self.first_token_at)
         elif remote:
-            stats["ttft_s"] = engine_stats.get("ttft_s")
+            stats["ttft_s"] = reported.ttft_s
             stats["tok_s"] = None  # no token timings from this server
         if self.drafted_spans:
             stats["drafted_spans"] = self.drafted_spans
-        spec = engine_stats.get("spec")
-        if spec:
-            stats["mean_accepted"] = spec["mean_accepted"]
+        if engine is not None and engine.spec is not None:
+            stats["mean_accepted"] = engine.spec.mean_accepted
         elif self.accepted:
             stats["mean_accepted"] = sum(self.accepted) / len(self.accepted)
         return stats

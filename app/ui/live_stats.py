@@ -2,7 +2,7 @@
 
 from collections import deque
 
-from app.engine.protocol import StepStats, Tokens
+from app.protocol.events import StepStats, Tokens
 
 HISTORY = 600  # points per series: a minute at ~10 Hz
 
@@ -44,10 +44,9 @@ class LiveStats:
 
     def add_tokens(self, events: list[Tokens]) -> None:
         for event in events:
-            spec = getattr(event, "spec", None)
-            if spec is not None:
-                self._add("accepted", spec.accepted)
-                self._add("block_size", spec.block_size)
+            if event.spec is not None:
+                self._add("accepted", event.spec.accepted)
+                self._add("block_size", event.spec.block_size)
 
     def has(self, name: str) -> bool:
         return bool(self.series[name][0])

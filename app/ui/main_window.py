@@ -22,8 +22,11 @@ from PySide6.QtWidgets import (
 
 from app import paths
 from app.chats import ChatStore
-from app.engine.protocol import Error, LoadModel, spawn_engine
 from app.paths import DEMO_MODEL
+from app.protocol.engine_process import spawn_engine
+from app.protocol.events import Error, ModelInfo
+from app.protocol.kinds import ErrorKind
+from app.protocol.requests import LoadModel
 from app.remote import RemoteModel
 from app.sizes import format_size
 from app.ui.app_settings import AppSettings
@@ -206,7 +209,7 @@ class MainWindow(QMainWindow):
             self.client.cancel()
 
     def load_selected(self) -> None:
-        if self.budget.placement is not None and self.budget.load_button.isEnabled():
+        if self.budget.plan.placement is not None and self.budget.load_button.isEnabled():
             self.budget.request_load()
 
     def export(self, suffix: str) -> None:
@@ -267,7 +270,7 @@ class MainWindow(QMainWindow):
     def _show_loading(self, loading: bool) -> None:
         self.load_bar.setVisible(loading)
         self.cancel_load_button.setVisible(loading)
-        self.budget.load_button.setEnabled(not loading and self.budget.placement is not None)
+        self.budget.load_button.setEnabled(not loading and self.budget.plan.placement is not None)
         if loading:
             self.load_bar.setValue(0)
 
@@ -275,20 +278,19 @@ class MainWindow(QMainWindow):
         self.engine_status.setText(f"Loading {Path(self.client.last_load.path).name}: {stage}")
         self.load_bar.setValue(round(100 * fraction))
 
-    def _on_loaded(self, info: dict) -> None:
+    def _on_loaded(self, info: ModelInfo | RemoteModel) -> None:
         self._show_loading(False)
-        if info.get("remote"):
-            self.settings.remember_remote(asdict(self.client.remote))
-            self.engine_status.setText(f"{info['model']} on {info['path']} (remote) · expert cache and "
+        if isinstance(info, RemoteModel):
+            self.settings.remember_remote(asdict(info))
+            self.engine_status.setText(f"{info.model} on {info.base_url} (remote) · expert cache and "
                                        "placement: unavailable from a remote server")
             self.tabs.setCurrentIndex(0)
             return
         self.settings.remember_load(asdict(self.client.last_load))
         where = "on the GPU" if self.client.last_load.device == "cuda" else "in memory (CPU)"
         self.engine_status.setText(
-            f"{Path(info['path']).name} ({info['model_type']}) · {info['expert_slots']} of "
-            f"{info['total_experts']} experts {where} · {format_size(info['device_bytes'])} {where} · "
-            f"context {info['context']} tokens"
+            f"{info.name} ({info.model_type}) · {info.expert_slots} of {info.total_experts} experts {where} · "
+            f"{format_size(info.device_bytes)} {where} · context {info.context} tokens"
         )
         self.tabs.setCurrentIndex(0)
 
@@ -296,7 +298,7 @@ class MainWindow(QMainWindow):
         if error.request_id is not None:
             return  # a generation's error: the chat shows it with the answer
         self._show_loading(False)
-        if error.kind == "cancelled":
+        if error.kind == ErrorKind.CANCELLED:
             self.engine_status.setText("Loading cancelled")
         else:
             self.engine_status.setText("No model loaded")

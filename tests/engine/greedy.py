@@ -3,9 +3,10 @@
 import torch
 
 from app.engine.generate import generate
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
+from app.protocol.events import Done, Tokens
+from app.protocol.stats import GenerationStats
 
 
 def reference_greedy(model, ids: list[int], count: int) -> list[int]:
@@ -17,13 +18,14 @@ def reference_greedy(model, ids: list[int], count: int) -> list[int]:
     return ids[-count:]
 
 
-def greedy_with_stats(loaded, ids: list[int], count: int) -> tuple[list[int], dict]:
+def greedy_with_stats(loaded, ids: list[int], count: int) -> tuple[list[int], GenerationStats]:
     """Our engine's greedy tokens (no stop tokens) and the Done event's statistics."""
     model = loaded.model
     events = list(generate(StepRunner(model, len(ids) + count), ids,
                            Sampler(SamplingParams(), model.device), count, stop_ids=[]))
     tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
-    return tokens, events[-1].stats if isinstance(events[-1], Done) else {}
+    assert isinstance(events[-1], Done)
+    return tokens, events[-1].stats
 
 
 def our_greedy(loaded, ids: list[int], count: int) -> list[int]:

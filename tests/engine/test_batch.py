@@ -3,9 +3,9 @@
 import pytest
 
 from app.engine.batch import Batch
-from app.engine.protocol import Done, Tokens
 from app.engine.sampling import SamplingParams
 from app.engine.session import Session, collect
+from app.protocol.events import Done, Tokens
 from tests.test_cli_spec import budget_for_slots
 
 CONTEXT = 80  # room for the four sequences' caches together
@@ -49,11 +49,11 @@ def test_concurrent_greedy_requests_give_the_tokens_of_sequential_runs(tiny_gpt_
         done = next(e for e in events if isinstance(e, Done) and e.request_id == request_id)
         assert tokens == alone["token_ids"], request_id
         assert done.stop_reason == alone["stop_reason"]
-        assert done.stats["prefill_tokens"] == len(prompt)
-        assert done.stats["decode_tokens"] == len(tokens) - 1
+        assert done.stats.prefill_tokens == len(prompt)
+        assert done.stats.decode_tokens == len(tokens) - 1
     stats = {e.request_id: e.stats for e in events if isinstance(e, Done)}
-    assert stats[3]["batch"]["mean_size"] > 1
-    assert all(s["expert_cache"]["misses"] > 0 for s in stats.values())
+    assert stats[3].batch.mean_size > 1
+    assert all(s.expert_cache.misses > 0 for s in stats.values())
 
 
 def test_a_sequence_leaves_at_once_and_the_others_go_on(offloaded_session):
@@ -62,7 +62,7 @@ def test_a_sequence_leaves_at_once_and_the_others_go_on(offloaded_session):
     batch.join(2, PROMPTS[2], SamplingParams(temperature=0.9, seed=4), 30)
     assert not batch.has_room(1)  # two sequences, the most it takes
     batch.step()
-    assert batch.leave(1)["decode_tokens"] == 1 and batch.leave(1) is None
+    assert batch.leave(1).decode_tokens == 1 and batch.leave(1) is None
     events = batch.step()
     assert {e.request_id for e in events} == {2}
     assert batch.has_room(CONTEXT - 32) and not batch.has_room(CONTEXT - 31)  # 2 + 30 tokens reserved
@@ -127,7 +127,7 @@ def test_speculative_sequences_decoded_together_give_the_tokens_of_each_alone(ti
         done = next(e for e in events if isinstance(e, Done) and e.request_id == request_id)
         assert [t for e in events if isinstance(e, Tokens) and e.request_id == request_id
                 for t in e.token_ids] == alone["token_ids"], request_id
-        assert done.stats["spec"]["steps"] == len(done.stats["spec"]["block_sizes"]) > 0
-        assert done.stats["batch"]["mean_size"] > 1
-    assert max(len(step) for e in events if isinstance(e, Done) for step in [e.stats["spec"]["block_sizes"]]) > 0
-    assert any(size > 1 for e in events if isinstance(e, Done) for size in e.stats["spec"]["block_sizes"])
+        assert done.stats.spec.steps == len(done.stats.spec.block_sizes) > 0
+        assert done.stats.batch.mean_size > 1
+    assert max(len(step) for e in events if isinstance(e, Done) for step in [e.stats.spec.block_sizes]) > 0
+    assert any(size > 1 for e in events if isinstance(e, Done) for size in e.stats.spec.block_sizes)

@@ -27,8 +27,8 @@ def test_gpu_greedy_tokens_match_the_cpu_engine(tiny_gpt_oss):
     assert gpu.model.experts.complete  # the CUDA-graph path
     gpu_tokens, stats = greedy(gpu, 24)
     assert gpu_tokens == cpu_tokens
-    assert stats["expert_cache"]["misses"] == 0
-    assert stats["expert_cache"]["hits"] > 0  # counted on the device, read once at the end
+    assert stats.expert_cache.misses == 0
+    assert stats.expert_cache.hits > 0  # counted on the device, read once at the end
 
 
 def test_host_experts_are_page_locked_in_one_allocation(tiny_gpt_oss):
@@ -49,8 +49,8 @@ def test_offloaded_gpu_experts_with_prefetch_match_the_resident_graph(tiny_gpt_o
     assert not offloaded.model.experts.complete
     tokens, stats = greedy(offloaded, 24)
     assert tokens == resident_tokens
-    assert stats["expert_cache"]["misses"] > 0
-    assert stats["expert_cache"]["prefetches"] > 0
+    assert stats.expert_cache.misses > 0
+    assert stats.expert_cache.prefetches > 0
 
 
 def test_first_logits_match_the_cpu_engine(tiny_gpt_oss):

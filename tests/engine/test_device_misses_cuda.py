@@ -34,8 +34,8 @@ def test_device_served_decode_is_one_graph_and_gives_the_tokens_of_every_other_p
     with torch.inference_mode():
         assert isinstance(StepRunner(loaded.model, 64).program(1), DecodeGraph)
     tokens, stats = greedy_with_stats(loaded, PROMPT, NEW)
-    work = stats["expert_cache"]
-    assert work["misses"] > NEW and work["evictions"] > 0 and work["prefetches"] == 0
+    work = stats.expert_cache
+    assert work.misses > NEW and work.evictions > 0 and work.prefetches == 0
     copied, _ = greedy_with_stats(offloaded(tiny_gpt_oss, 5, on_device=False), PROMPT, NEW)
     cpu, _ = greedy_with_stats(load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64), PROMPT, NEW)
     reference = reference_greedy(GptOssForCausalLM.from_pretrained(str(tiny_gpt_oss), dtype=torch.float32).eval(),

@@ -3,9 +3,10 @@
 import queue
 
 from app.engine.process import engine_main
-from app.engine.protocol import Cancel, Done, Error, Generate, Loaded, LoadModel, Shutdown, Tokens
 from app.engine.sampling import SamplingParams
 from app.engine.session import Session, collect
+from app.protocol.events import Done, Error, Loaded, Tokens
+from app.protocol.requests import Cancel, Generate, LoadModel, Shutdown
 
 
 class Recorder:
@@ -50,14 +51,14 @@ def test_a_cancelled_generation_leaves_before_the_next_step_and_the_other_goes_o
 
     recorder = run_engine([LoadModel(str(tiny_gpt_oss), context=80), Generate(1, 20, token_ids=[5, 6, 7]),
                            Generate(2, 40, token_ids=[9, 8, 7, 6])], cancel_after_three, expected_done=2)
-    assert next(e for e in recorder.events if isinstance(e, Loaded)).info["max_batch"] == 8
+    assert next(e for e in recorder.events if isinstance(e, Loaded)).info.max_batch == 8
     assert len(recorder.tokens(2)) == 3 and recorder.done(2).stop_reason == "cancelled"
-    assert recorder.done(2).stats["decode_tokens"] == 2 and recorder.done(2).stats["prefill_tokens"] == 4
+    assert recorder.done(2).stats.decode_tokens == 2 and recorder.done(2).stats.prefill_tokens == 4
     session = Session.load(tiny_gpt_oss, context=80, dtype="float32")
     alone = collect(session.generate([5, 6, 7], SamplingParams(), 20))
     assert recorder.tokens(1) == alone["token_ids"]
     assert recorder.done(1).stop_reason == alone["stop_reason"]
-    assert recorder.done(1).stats["batch"]["mean_size"] > 1  # they shared steps
+    assert recorder.done(1).stats.batch.mean_size > 1  # they shared steps
 
 
 def test_a_waiting_generation_can_be_cancelled_before_it_starts(tiny_gpt_oss):
@@ -92,5 +93,5 @@ def test_a_generation_waits_while_the_running_ones_hold_the_planned_kv_cache(tin
     # 1 holds 20 tokens of the 40; 2 needs 22, so it waits for 1 to end, and 3 (arrived later) behind it
     ends = [e.request_id for e in recorder.events if isinstance(e, Done)]
     assert ends == [1, 3, 2]
-    assert recorder.done(1).stats["batch"]["mean_size"] == 1
-    assert recorder.done(3).stats["batch"]["mean_size"] == 2
+    assert recorder.done(1).stats.batch.mean_size == 1
+    assert recorder.done(3).stats.batch.mean_size == 2

@@ -8,7 +8,9 @@ import shutil
 import pytest
 
 from app.engine.process import EngineServer
-from app.engine.protocol import Done, Error, Generate, Heartbeat, LoadModel, Tokens, spawn_engine
+from app.protocol.engine_process import spawn_engine
+from app.protocol.events import Done, Error, Heartbeat, Tokens
+from app.protocol.requests import Generate, LoadModel
 from tests.engine.test_engine_loop import Recorder, run_engine
 
 REFUSING_TEMPLATE = ("{% if messages[-1]['role'] != 'user' %}{{ raise_exception('the last message must be the "

@@ -71,11 +71,11 @@ def test_offloaded_experts_spread_over_two_devices_give_the_single_device_tokens
         assert shard.stats.misses > 0  # both devices fetched and ran experts
         assert shard.resident() <= set(experts.owned(index))
         assert len(shard.resident()) <= shard.num_slots
-    totals = stats["expert_cache"]
-    assert totals["misses"] == sum(shard.stats.misses for shard in experts.shards)
-    assert totals["prefetches"] > 0 and 0 < totals["prefetch_coverage"] <= 1
+    totals = stats.expert_cache
+    assert totals.misses == sum(shard.stats.misses for shard in experts.shards)
+    assert totals.prefetches > 0 and 0 < totals.prefetch_coverage <= 1
     # every expert a layer uses is a hit or a miss on exactly one device (all hits on the resident single one)
-    assert totals["hits"] + totals["misses"] == single_stats["expert_cache"]["hits"]
+    assert totals.hits + totals.misses == single_stats.expert_cache.hits
 
 
 def test_logits_of_three_devices_match_one(tiny_gpt_oss):
@@ -97,8 +97,8 @@ def test_devices_whose_experts_all_fit_need_no_fetch(tiny_gpt_oss):
     assert all(shard.complete for shard in spread.model.experts.shards)
     tokens, stats = greedy_with_stats(spread, PROMPT, 16)
     assert tokens == expected
-    assert stats["expert_cache"]["misses"] == 0
-    assert stats["expert_cache"]["hits"] == single_stats["expert_cache"]["hits"]
+    assert stats.expert_cache.misses == 0
+    assert stats.expert_cache.hits == single_stats.expert_cache.hits
 
 
 @pytest.mark.parametrize("variant", ["glm4_moe"])
@@ -109,7 +109,7 @@ def test_glm_experts_spread_over_two_devices_give_the_single_device_tokens(tiny_
     spread = load(folder, gpu_budget=budgets_for_slots(single, (4, 5)), prefetch_layers=1)
     tokens, stats = greedy_with_stats(spread, PROMPT, 16)
     assert tokens == expected
-    assert stats["expert_cache"]["misses"] > 0
+    assert stats.expert_cache.misses > 0
 
 
 def test_cli_generate_with_a_budget_per_device_and_a_drafter_keeps_the_tokens(tiny_gpt_oss, tiny_dflash, capsys):

@@ -23,7 +23,7 @@ def test_offloaded_experts_on_two_gpus_give_the_one_gpu_tokens(tiny_gpt_oss):
     tokens, stats = greedy_with_stats(two, PROMPT, 24)
     assert tokens == expected
     assert all(shard.stats.misses > 0 for shard in experts.shards)  # both GPUs fetched over their links
-    assert stats["expert_cache"]["prefetches"] > 0
+    assert stats.expert_cache.prefetches > 0
 
 
 def test_experts_resident_on_two_gpus_give_the_one_gpu_tokens(tiny_gpt_oss):
@@ -33,7 +33,7 @@ def test_experts_resident_on_two_gpus_give_the_one_gpu_tokens(tiny_gpt_oss):
     assert all(shard.complete for shard in two.model.experts.shards)
     tokens, stats = greedy_with_stats(two, PROMPT, 24)
     assert tokens == expected
-    assert stats["expert_cache"]["misses"] == 0
+    assert stats.expert_cache.misses == 0
 
 
 def test_bf16_logits_of_two_gpus_match_one(tiny_gpt_oss):

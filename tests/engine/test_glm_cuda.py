@@ -30,7 +30,7 @@ def test_gpu_greedy_tokens_match_the_cpu_engine(variant, tiny_glm):
     assert gpu.model.experts.complete
     gpu_tokens, stats = greedy(gpu, 24)
     assert gpu_tokens == cpu_tokens
-    assert stats["expert_cache"]["misses"] == 0
+    assert stats.expert_cache.misses == 0
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -45,8 +45,8 @@ def test_offloaded_gpu_experts_match_the_resident_ones(variant, tiny_glm, on_dev
     assert not offloaded.model.experts.complete and (offloaded.model.experts.device_misses is not None) == on_device
     tokens, stats = greedy(offloaded, 24)
     assert tokens == resident_tokens
-    assert stats["expert_cache"]["misses"] > 0
-    assert (stats["expert_cache"]["prefetches"] > 0) != on_device  # served on the device, nothing is prefetched
+    assert stats.expert_cache.misses > 0
+    assert (stats.expert_cache.prefetches > 0) != on_device  # served on the device, nothing is prefetched
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -4,19 +4,11 @@ import json
 
 from app.engine import process
 from app.engine.process import EngineServer
-from app.engine.protocol import (
-    Done,
-    Error,
-    Generate,
-    Loaded,
-    LoadModel,
-    LoadProgress,
-    StepStats,
-    Tokens,
-    spawn_engine,
-)
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
+from app.protocol.engine_process import spawn_engine
+from app.protocol.events import Done, Error, Loaded, LoadProgress, StepStats, Tokens
+from app.protocol.requests import Generate, LoadModel
 from tests.fixtures.tiny_dflash import write_tiny_dflash
 from tests.test_cli_spec import CONTEXT, budget_for_slots
 
@@ -42,7 +34,7 @@ def test_load_then_generate_streams_tokens_like_a_direct_session(tiny_gpt_oss):
     stages = [e.stage for e in events if isinstance(e, LoadProgress)]
     assert stages[0] == "planning" and stages[-1] == "ready" and "expert store" in stages
     loaded = next(e for e in events if isinstance(e, Loaded))
-    assert loaded.info["model_type"] == "gpt_oss" and loaded.info["context"] == 128
+    assert loaded.info.model_type == "gpt_oss" and loaded.info.context == 128
     tokens = [t for e in events if isinstance(e, Tokens) for t in e.token_ids]
     done = events[-1]
     assert isinstance(done, Done) and done.request_id == 1
@@ -91,14 +83,14 @@ def test_a_load_with_dflash_speculates_and_keeps_the_greedy_tokens(tiny_gpt_oss,
     plain = serve([LoadModel(str(tiny_gpt_oss), context=64), request])
     speculated = serve([LoadModel(str(tiny_gpt_oss), context=64, spec="dflash", drafter=str(tiny_dflash),
                                   block_size=3), request])
-    assert next(e for e in speculated if isinstance(e, Loaded)).info["spec"] == "dflash"
+    assert next(e for e in speculated if isinstance(e, Loaded)).info.spec == "dflash"
     steps = [e for e in speculated if isinstance(e, Tokens) and e.spec is not None]
     assert steps and steps[0].spec.block_size == 3  # later steps may verify fewer near max_new_tokens
     assert all(e.spec.block_size <= 3 and len(e.drafted) == len(e.token_ids) for e in steps)
     assert sum(e.drafted.count(True) for e in steps) == sum(e.spec.accepted for e in steps)
     assert [t for e in speculated if isinstance(e, Tokens) for t in e.token_ids] == \
         [t for e in plain if isinstance(e, Tokens) for t in e.token_ids]
-    assert speculated[-1].stats["spec"]["steps"] == len(steps)
+    assert speculated[-1].stats.spec.steps == len(steps)
 
 
 def test_speculation_that_does_not_fit_is_a_load_error_in_words(tiny_gpt_oss, tiny_dflash, tmp_path):

@@ -7,9 +7,7 @@ inside a segment, FP8, MLA, DSA). On CPU the segments run as plain code; on a GP
 import pytest
 import torch
 
-from app.engine.experts import CacheStats
 from app.engine.loader import load_model
-from app.engine.protocol import Tokens
 from app.engine.runner import StepRunner, prefill
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.segmented_decode import SegmentedDecode, segments_ready
@@ -18,6 +16,8 @@ from app.engine.spec.generate import speculative_generate
 from app.engine.spec.mtp import MtpSpeculation
 from app.engine.spec.step import Speculator
 from app.model_folder import ModelFolder
+from app.protocol.events import Tokens
+from app.protocol.stats import CacheStats
 from tests.engine.greedy import greedy_with_stats
 
 PROMPT = list(range(40, 60))  # longer than the tiny model's sliding window of 8
@@ -138,7 +138,7 @@ def test_generate_decodes_offloaded_experts_with_segment_graphs(checkpoint, name
     eager_tokens, _, eager_work = greedy_decode(offloaded(checkpoint(name), "cuda", 5), eager_step)
     tokens, stats = greedy_with_stats(loaded, PROMPT, NEW + 1)  # NEW decode steps, as greedy_decode runs
     assert tokens[:-1] == eager_tokens
-    assert stats["expert_cache"] == eager_work.as_dict()
+    assert stats.expert_cache == eager_work
 
 
 @needs_cuda

@@ -47,10 +47,10 @@ def test_greedy_decode_gives_the_tokens_of_the_host_copy_path(name, tiny_gpt_oss
     tokens, stats = greedy_with_stats(on_device, PROMPT, NEW)
     expected, expected_stats = greedy_with_stats(loaded(folder, 3, on_device=False), PROMPT, NEW)
     assert tokens == expected and len(set(tokens)) > 3
-    work, expected_work = stats["expert_cache"], expected_stats["expert_cache"]
-    assert work["hits"] + work["misses"] == expected_work["hits"] + expected_work["misses"]  # every use counted
-    assert work["misses"] > NEW and work["evictions"] > 0  # the cache is too small for the routing
-    assert work["bytes_fetched"] == work["misses"] * on_device.facts.expert_bytes
+    work, expected_work = stats.expert_cache, expected_stats.expert_cache
+    assert work.hits + work.misses == expected_work.hits + expected_work.misses  # every use counted
+    assert work.misses > NEW and work.evictions > 0  # the cache is too small for the routing
+    assert work.bytes_fetched == work.misses * on_device.facts.expert_bytes
     check_residency(on_device.model.experts)
 
 

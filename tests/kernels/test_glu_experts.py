@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app.engine.fp8 import dequantize_blocks, dequantize_per_channel
+from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.glu_experts import glu_experts_torch
 from tests.fixtures.tiny_glm import dequantize_reference, quantize_fp8
 

@@ -11,12 +11,12 @@ from transformers import GptOssForCausalLM
 
 from app.engine.loader import load_model
 from app.engine.models.dflash import open_dflash
-from app.engine.protocol import Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
+from app.protocol.events import Tokens
 from tests.engine.greedy import prompt_and_decode_logits
 from tools.demo.acceptance import greedy_tau
 from tools.demo.drafter import DFlashTrainee
@@ -100,9 +100,9 @@ def test_the_greedy_acceptance_replay_counts_the_steps_our_engine_takes(trained)
     events = list(speculative_generate(StepRunner(target, len(ids) + new), ids, sampler, new, [],
                                        speculation.new_drafter(len(ids) + new), 4))
     tokens = [t for event in events if isinstance(event, Tokens) for t in event.token_ids]
-    engine = events[-1].stats["spec"]
+    engine = events[-1].stats.spec
 
     reference = load_target(trained / TARGET_NAME, torch.device("cpu"))
     emitted, steps = greedy_tau(reference, trainee_of(trained), ids, tokens, 4)
-    assert steps == engine["steps"]
-    assert emitted == sum(engine["accepted_per_step"]) + engine["steps"] == new - 1
+    assert steps == engine.steps
+    assert emitted == sum(engine.accepted_per_step) + engine.steps == new - 1

@@ -4,26 +4,30 @@ and an export starts in the documents folder and carries the model, the date and
 The real window with a stand-in engine."""
 
 import time
+from dataclasses import replace
 
 from PySide6.QtCore import QStandardPaths
 from PySide6.QtWidgets import QFileDialog
 
 from app.chats import ChatStore
-from app.engine.protocol import Done, Loaded, LoadModel, Tokens
 from app.paths import DEMO_MODEL
+from app.protocol.events import Done, Loaded, ModelInfo, Tokens
+from app.protocol.kinds import StopReason
+from app.protocol.requests import LoadModel
+from app.protocol.stats import CacheStats, GenerationStats
 from app.ui.chats_list import documents_folder
 from app.ui.main_window import MainWindow
-from tests.ui.test_engine_client import StandInEngine
-from tests.ui.test_keys_and_menus import INFO, next_request
+from tests.ui.test_engine_client import INFO, StandInEngine
+from tests.ui.test_keys_and_menus import next_request
 from tests.ui.test_window_with_engine import CPU_ONLY
 
 
-def window_with(qtbot, data_dir, info: dict):
+def window_with(qtbot, data_dir, info: ModelInfo):
     spawn = StandInEngine()
     window = MainWindow(data_dir, machine=CPU_ONLY, spawn=spawn)
     qtbot.addWidget(window)
     window.show()
-    window.client.load(LoadModel(info["path"]))
+    window.client.load(LoadModel(info.path))
     engine = spawn.spawned[0]
     engine.requests.get_nowait()
     engine.events.put(Loaded(info))
@@ -31,17 +35,17 @@ def window_with(qtbot, data_dir, info: dict):
     return window, engine
 
 
-def answer(window, qtbot, engine, text: str, reply: str, stats: dict | None = None) -> None:
+def answer(window, qtbot, engine, text: str, reply: str, stats: GenerationStats | None = None) -> None:
     window.chat.composer.setPlainText(text)
     window.chat.send()
     request = next_request(engine)
     engine.events.put(Tokens([7, 8], [("answer", reply)], request.request_id))
-    engine.events.put(Done("stop", stats or {}, request.request_id))
+    engine.events.put(Done(StopReason.STOP, stats, request.request_id))
     qtbot.waitUntil(lambda: window.chat.answer is None)
 
 
 def test_a_new_chat_starts_from_the_models_defaults_not_the_last_chats(qtbot, tmp_path):
-    window, engine = window_with(qtbot, tmp_path, {**INFO, "path": str(DEMO_MODEL)})
+    window, engine = window_with(qtbot, tmp_path, replace(INFO, path=str(DEMO_MODEL)))
     settings = window.chat_settings
     assert (settings.temperature.value(), settings.top_p.value()) == (0.3, 0.9)  # the demo's generation_config
     settings.system_prompt.setPlainText("Answer in French.")
@@ -60,7 +64,7 @@ def test_a_new_chat_starts_from_the_models_defaults_not_the_last_chats(qtbot, tm
 
 
 def test_reset_sampling_goes_back_to_the_defaults_and_keeps_the_system_prompt(qtbot, tmp_path):
-    window, engine = window_with(qtbot, tmp_path, {**INFO, "path": str(DEMO_MODEL)})
+    window, engine = window_with(qtbot, tmp_path, replace(INFO, path=str(DEMO_MODEL)))
     answer(window, qtbot, engine, "hello", "hi")
     settings = window.chat_settings
     settings.system_prompt.setPlainText("Be brief.")
@@ -100,7 +104,7 @@ def test_the_search_box_finds_chats_by_title_and_by_what_was_said(qtbot, tmp_pat
     window.chats.search.clear()
     assert titles() == ["Trip", "Dinner", "Rust lifetimes"]
     window.chats.search.setText("lyon")
-    window.client.load(LoadModel(INFO["path"]))
+    window.client.load(LoadModel(INFO.path))
     window.client.engine.events.put(Loaded(INFO))
     qtbot.waitUntil(lambda: window.chat.send_button.isEnabled())
     window.chats.new_chat()
@@ -113,8 +117,9 @@ def test_the_search_box_finds_chats_by_title_and_by_what_was_said(qtbot, tmp_pat
 
 def test_an_export_starts_in_the_documents_folder_and_carries_model_date_and_figures(qtbot, tmp_path, monkeypatch):
     window, engine = window_with(qtbot, tmp_path, INFO)
-    answer(window, qtbot, engine, "What is 2 + 2?", "4", {"decode_tok_s": 31.5, "ttft_s": 0.25,
-                                                          "prefill_tokens": 12})
+    answer(window, qtbot, engine, "What is 2 + 2?", "4", GenerationStats(prefill_tokens=12, decode_tokens=1,
+                                                                         ttft_s=0.25, decode_tok_s=31.5,
+                                                                         expert_cache=CacheStats()))
     offered = []
     chosen = tmp_path / "exported.md"
 

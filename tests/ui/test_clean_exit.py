@@ -17,7 +17,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine.protocol import LoadModel, Shutdown
+from app.protocol.requests import LoadModel, Shutdown
 from app.ui.engine_client import EngineClient
 from tests.ui.test_engine_client import StandInEngine
 from tests.ui.test_window_with_engine import ENGINE_S

@@ -17,7 +17,7 @@ def test_the_demo_model_is_selected_when_no_other_model_is_installed(qtbot, tmp_
     qtbot.waitUntil(lambda: window.library.selected_path() == str(DEMO_MODEL))
     assert window.library.list.count() == 1 and window.library.list.item(0).text().startswith(DEMO_TITLE)
     assert not window.client.running  # selected only: the app loads it at start (tests/ui/test_first_run.py)
-    assert window.budget.facts is not None and window.budget.facts.model_type == "gpt_oss"
+    assert window.budget.plan.facts is not None and window.budget.plan.facts.model_type == "gpt_oss"
     assert window.settings.library == []  # offered, not installed
     assert window.budget.speculation.options() == {"spec": "dflash", "drafter": str(DEMO_DRAFTER), "block_size": None}
     assert "as measured on real text" in window.budget.details.text()  # the demo's routing.json
@@ -53,7 +53,7 @@ def test_the_demo_answers_out_of_the_box_with_its_drafter(qtbot, tmp_path):
     qtbot.waitUntil(lambda: window.library.selected_path() == str(DEMO_MODEL))
     with qtbot.waitSignal(window.client.loaded, timeout=ENGINE_S) as loaded:
         qtbot.mouseClick(window.budget.load_button, Qt.MouseButton.LeftButton)
-    assert loaded.args[0]["spec"] == "dflash" and not window.banner.isVisible()
+    assert loaded.args[0].spec == "dflash" and not window.banner.isVisible()
     window.chat_settings.temperature.setValue(0.0)
     ask(window, qtbot, "What does `json.dumps` do?", max_tokens=48)
     wait_for_answer(window, qtbot)

@@ -68,7 +68,7 @@ def test_a_paused_download_resumes_after_a_restart_and_lands_in_the_library(hub,
     folder = downloaded.args[0]
     assert again.settings.downloads == [] and again.settings.library == [folder]
     assert again.library.selected_path() == folder and REPO in again.library.list.currentItem().text()
-    assert again.budget.placement is not None  # the budget panel plans the new model at once
+    assert again.budget.plan.placement is not None  # the budget panel plans the new model at once
 
     drafter = again.library.drafter_button
     assert drafter.isVisibleTo(again) and "z-lab/gpt-oss-20b-DFlash" in drafter.text()

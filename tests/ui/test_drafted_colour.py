@@ -1,13 +1,17 @@
 """Answer text from accepted drafts in its own colour when the chat's setting asks for it, driven by
 synthetic Tokens events from a stand-in engine."""
 
+from dataclasses import replace
+
 from app.chats import ChatStore
-from app.engine.protocol import Done, Loaded, LoadModel, SpecStep, Tokens
+from app.protocol.events import Done, Loaded, SpecStep, Tokens
+from app.protocol.kinds import StopReason
+from app.protocol.requests import LoadModel
 from app.ui.conversation import Answer
 from app.ui.main_window import MainWindow
 from app.ui.message_html import markdown_html
 from app.ui.theme import current
-from tests.ui.test_engine_client import StandInEngine
+from tests.ui.test_engine_client import INFO, StandInEngine
 from tests.ui.test_window_with_engine import CPU_ONLY
 
 
@@ -29,7 +33,7 @@ def test_an_answer_knows_which_text_came_from_steps_with_accepted_drafts(tmp_pat
                 Tokens([4, 5, 6], [("reasoning", "hm"), ("answer", "three")], 1, [True, True, False], spec(2)),
                 Tokens([7], [("answer", " four")], 1, [False], spec(0))])
     assert answer.text == "one two three four" and answer.drafted_spans == [[4, 13]]
-    assert answer.finish(Done("stop", {}, 1))["drafted_spans"] == [[4, 13]]
+    assert answer.finish(Done(StopReason.STOP, None, 1))["drafted_spans"] == [[4, 13]]
     html, _ = markdown_html(answer.text, answer.drafted_spans)
     assert html == f"<p>one {drafted()}two three</span> four</p>\n"
     store.close()
@@ -41,8 +45,7 @@ def test_drafted_text_is_coloured_when_the_setting_is_on_and_not_when_off(qtbot,
     qtbot.addWidget(window)
     window.client.load(LoadModel("tiny", spec="dflash", drafter="drafter"))
     events = spawn.spawned[0].events
-    events.put(Loaded({"path": "tiny", "model_type": "gpt_oss", "expert_slots": 8, "total_experts": 8,
-                       "device_bytes": 1, "context": 64}))
+    events.put(Loaded(replace(INFO, path="tiny", spec="dflash")))
     qtbot.waitUntil(lambda: window.chat.send_button.isEnabled())
     window.chat.composer.setPlainText("hi")
     window.chat.send()
@@ -58,7 +61,7 @@ def test_drafted_text_is_coloured_when_the_setting_is_on_and_not_when_off(qtbot,
     window.chat_settings.colour_drafted.setChecked(True)
     assert f"plain {drafted()}guessed</span>" in body()  # while it streams
 
-    events.put(Done("stop", {}, request_id))
+    events.put(Done(StopReason.STOP, None, request_id))
     qtbot.waitUntil(lambda: window.chat.answer is None)
     assert f"plain {drafted()}guessed</span>" in body()  # stored with the message
     assert window.store.branch(window.chat.chat_id)[-1].stats["drafted_spans"] == [[6, 13]]

@@ -4,8 +4,15 @@ and a dead process is reported in words once its last events are out."""
 import queue
 import signal
 
-from app.engine.protocol import Done, EngineProcess, Error, Generate, Loaded, LoadModel, StepStats, Tokens
-from app.ui.engine_client import EngineClient, exit_reason
+from app.protocol.engine_process import EngineProcess
+from app.protocol.events import Done, Error, Loaded, ModelInfo, StepStats, Tokens
+from app.protocol.kinds import ErrorKind, StopReason
+from app.protocol.requests import Generate, LoadModel
+from app.ui.engine_client import EngineClient
+from app.ui.engines import exit_reason
+
+INFO = ModelInfo("/models/tiny", "gpt_oss", vocab_size=256, context=64, expert_slots=8, total_experts=8,
+                 device_bytes=1, has_tokenizer=True, spec="off", max_batch=8)  # as a stand-in engine "loads" it
 
 
 class StandInProcess:
@@ -54,15 +61,15 @@ def test_events_arrive_as_signals_with_tokens_batched_per_frame(qtbot):
     client.tokens.connect(batches.append)
     client.finished.connect(finished.append)
     client.step_stats.connect(stats.append)
-    engine.events.put(Loaded({"model_type": "gpt_oss"}))
+    engine.events.put(Loaded(INFO))
     with qtbot.waitSignal(client.loaded, timeout=2000):
         pass
-    assert client.info == {"model_type": "gpt_oss"}
+    assert client.info == INFO
     for token in range(5):
         engine.events.put(Tokens([token], [("answer", str(token))], request_id))
     engine.events.put(StepStats(request_id, 5, 0.1, 1, 0, 0, 0.0, 0.0))
     engine.events.put(Tokens([5], [("answer", "5")], request_id))
-    engine.events.put(Done("length", {}, request_id))
+    engine.events.put(Done(StopReason.LENGTH, None, request_id))
     qtbot.waitUntil(lambda: bool(finished), timeout=2000)
     assert [[t.token_ids[0] for t in batch] for batch in batches] == [[0, 1, 2, 3, 4], [5]]  # order kept
     assert len(stats) == 1 and finished[0].stop_reason == "length"
@@ -77,7 +84,7 @@ def test_a_dead_engine_is_reported_after_its_last_events_and_restart_loads_again
     errors, batches = [], []
     client.error.connect(errors.append)
     client.tokens.connect(batches.append)
-    engine.events.put(Error("oom", "out of GPU memory", 4))
+    engine.events.put(Error(ErrorKind.OOM, "out of GPU memory", 4))
     engine.events.put(Tokens([9], [("answer", "x")], 4))
     engine.process.exitcode = -signal.SIGKILL
     with qtbot.waitSignal(client.died, timeout=2000) as died:

@@ -7,13 +7,12 @@ import queue
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 
-from app.engine.protocol import Cancel, Done, Generate, Loaded, LoadModel, Shutdown, Tokens
+from app.protocol.events import Done, Loaded, Tokens
+from app.protocol.kinds import StopReason
+from app.protocol.requests import Cancel, Generate, LoadModel, Shutdown
 from app.ui.main_window import MainWindow
-from tests.ui.test_engine_client import StandInEngine
+from tests.ui.test_engine_client import INFO, StandInEngine
 from tests.ui.test_window_with_engine import CPU_ONLY
-
-INFO = {"path": "/models/tiny", "model_type": "gpt_oss", "expert_slots": 8, "total_experts": 8,
-        "device_bytes": 1, "context": 64}
 
 
 def loaded_window(qtbot, data_dir):
@@ -63,7 +62,7 @@ def test_esc_stops_the_answer_then_leaves_an_edit(qtbot, tmp_path):
     qtbot.waitUntil(lambda: window.chat.answer.tokens == 1)
     qtbot.keyClick(composer, Qt.Key.Key_Escape)
     assert next_request(engine) == Cancel()
-    engine.events.put(Done("cancelled", {}, request.request_id))
+    engine.events.put(Done(StopReason.CANCELLED, None, request.request_id))
     qtbot.waitUntil(lambda: window.chat.answer is None)
     assert window.store.branch(window.chat.chat_id)[-1].content == "Once"
 
@@ -81,7 +80,7 @@ def test_ctrl_n_opens_a_new_chat(qtbot, tmp_path):
     qtbot.keyClicks(window.chat.composer, "hello")
     qtbot.keyClick(window.chat.composer, Qt.Key.Key_Return)
     request = next_request(engine)
-    engine.events.put(Done("stop", {}, request.request_id))
+    engine.events.put(Done(StopReason.STOP, None, request.request_id))
     qtbot.waitUntil(lambda: window.chat.answer is None)
     first = window.chat.chat_id
     qtbot.keyClick(window.chat.composer, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)

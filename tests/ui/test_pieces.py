@@ -2,14 +2,15 @@
 
 import os
 import subprocess
-from types import SimpleNamespace
 
 import pytest
 
 from app.answer_figures import stats_line
 from app.chats import ChatStore
-from app.engine.protocol import Done, StepStats, Tokens
 from app.plan_cpu import CPU_HARDWARE
+from app.protocol.events import Done, SpecStep, StepStats, Tokens
+from app.protocol.kinds import StopReason
+from app.protocol.stats import CacheStats, GenerationStats, SpecStats
 from app.ui.charts import RESIDENCY, LiveCharts
 from app.ui.conversation import Answer, engine_messages, title_for
 from app.ui.hardware import GIB, Machine, detect_machine, total_ram
@@ -54,12 +55,13 @@ def test_a_finished_answer_takes_the_engines_figures(store):
     chat = store.create_chat("t")
     answer = Answer(store, chat, store.add_message(chat, None, "user", "hi"), request_id=1)
     answer.add([Tokens([1], [("answer", "ok")], 1)])
-    answer.finish(Done("stop", {"decode_tok_s": 42.0, "ttft_s": 0.1, "spec": {"mean_accepted": 2.5}}, 1))
+    spec = SpecStats("fixed", 2, [4, 4], [2, 3], 2.5)
+    answer.finish(Done(StopReason.STOP, GenerationStats(5, 0, 0.1, 42.0, CacheStats(), spec), 1))
     stored = store.message(answer.message_id)
-    assert stored.complete and stored.stats == {"stop_reason": "stop", "tokens": 1, "tok_s": 42.0, "ttft_s": 0.1,
-                                                "mean_accepted": 2.5}
+    assert stored.complete and stored.stats == {"stop_reason": "stop", "tokens": 1, "context_tokens": 6,
+                                                "tok_s": 42.0, "ttft_s": 0.1, "mean_accepted": 2.5}
     stopped = Answer(store, chat, stored.parent_id, request_id=2)
-    stopped.finish(Done("cancelled", {}, 2))
+    stopped.finish(Done(StopReason.CANCELLED, None, 2))
     assert not store.message(stopped.message_id).complete
 
 
@@ -133,10 +135,10 @@ def test_without_nvidia_smi_the_cpu_is_the_device():
     assert "no NVIDIA GPU" in Machine(16 * GIB).describe()
 
 
-def spec_step(accepted: int, block_size: int, request_id: int = 1) -> SimpleNamespace:
+def spec_step(accepted: int, block_size: int, request_id: int = 1) -> Tokens:
     """A speculative step's Tokens event as the engine sends it (`spec` says what the step verified)."""
-    return SimpleNamespace(token_ids=list(range(accepted + 1)), pieces=[("answer", "x" * (accepted + 1))],
-                           request_id=request_id, spec=SimpleNamespace(accepted=accepted, block_size=block_size))
+    return Tokens(list(range(accepted + 1)), [("answer", "x" * (accepted + 1))], request_id,
+                  [i < accepted for i in range(accepted + 1)], SpecStep(block_size, accepted, 1.0, 0, 0, 0, 0.0, 0.0))
 
 
 def test_speculative_steps_give_accepted_drafts_and_block_sizes(store):

@@ -9,7 +9,10 @@ from PySide6.QtCore import Qt
 
 from app.answer_figures import stats_line
 from app.chats import ChatStore
-from app.engine.protocol import Done, Tokens
+from app.protocol.events import Done, Tokens
+from app.protocol.kinds import StopReason
+from app.protocol.stats import RemoteStats
+from app.remote import RemoteModel
 from app.ui.conversation import Answer
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
@@ -45,7 +48,7 @@ def test_a_chat_through_a_remote_server_answers_as_the_server_does(window, qtbot
     server = served_tiny_gpt_oss
     with qtbot.waitSignal(window.client.loaded, timeout=30_000) as loaded:
         connect(window, qtbot, server, server.api_key)
-    assert loaded.args[0]["remote"] and window.client.engine is None  # no local engine process
+    assert isinstance(loaded.args[0], RemoteModel) and window.client.engine is None  # no local engine process
     assert "unavailable from a remote server" in window.engine_status.text()
     assert window.settings.remote["base_url"] == server.base_url  # offered again next time
 
@@ -87,7 +90,7 @@ def test_figures_a_remote_does_not_give_are_unavailable_not_zero(tmp_path):
     chat = store.create_chat("t")
     answer = Answer(store, chat, store.add_message(chat, None, "user", "hi"), request_id=1)
     answer.add([Tokens([], [("answer", "Hello")], 1)])  # a server that sends text but no token ids
-    stats = answer.finish(Done("stop", {"remote": True, "completion_tokens": None, "ttft_s": 0.25}, 1))
+    stats = answer.finish(Done(StopReason.STOP, RemoteStats(completion_tokens=None, ttft_s=0.25), 1))
     assert stats_line(stats) == "tok/s unavailable · first token 0.25 s · tokens unavailable · finished"
     store.close()
 

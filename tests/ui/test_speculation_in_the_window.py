@@ -51,7 +51,7 @@ def test_the_engine_speculates_with_the_drafter_chosen_in_the_window(window, qtb
         qtbot.mouseClick(window.budget.load_button, Qt.MouseButton.LeftButton)
     request = requested.args[0]
     assert (request.spec, request.drafter, request.block_size) == ("dflash", str(tiny_dflash), None)
-    assert loaded.args[0]["spec"] == "dflash" and not window.banner.isVisible()
+    assert loaded.args[0].spec == "dflash" and not window.banner.isVisible()
 
     window.chat_settings.temperature.setValue(0.0)
     steps = []
@@ -65,7 +65,7 @@ def test_the_engine_speculates_with_the_drafter_chosen_in_the_window(window, qtb
     sizes = [s.block_size for s in steps]
     qtbot.waitUntil(lambda: list(window.charts.curves["block_size"].getData()[1])[-len(sizes):] == sizes,
                     timeout=2000)  # the next redraw has every step
-    facts = window.budget.facts
+    facts = window.budget.plan.facts
     residency = window.charts.residency_image.image * facts.num_experts  # [T, layers]: resident experts
     assert residency.shape[1] == len(facts.moe_layers) and (residency == residency.round()).all()
-    assert 0 < residency[-1].sum() <= loaded.args[0]["expert_slots"]  # the drafter took some of the slots
+    assert 0 < residency[-1].sum() <= loaded.args[0].expert_slots  # the drafter took some of the slots

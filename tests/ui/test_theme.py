@@ -11,7 +11,7 @@ from PySide6.QtGui import QColor, QGuiApplication
 
 import app.ui
 from app.chats import ChatStore
-from app.engine.protocol import StepStats
+from app.protocol.events import StepStats
 from app.ui import theme
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow

@@ -11,7 +11,7 @@ import socket
 import pytest
 from PySide6.QtCore import Qt
 
-from app.ui.budget import STEPS
+from app.ui.budget_plan import STEPS
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
 
@@ -55,18 +55,18 @@ def last_widget(window):
 def test_the_engine_loads_exactly_the_plan_on_screen(window, qtbot, tiny_gpt_oss):
     assert window.library.add_folder(str(tiny_gpt_oss))
     budget = window.budget
-    assert budget.placement.expert_slots == budget.facts.total_experts  # the slider starts where all fit
+    assert budget.plan.placement.expert_slots == budget.plan.facts.total_experts  # the slider starts where all fit
     value = STEPS
-    while budget.placement is None or budget.placement.expert_slots > budget.facts.total_experts // 2:
+    while budget.plan.placement is None or budget.plan.placement.expert_slots > budget.plan.facts.total_experts // 2:
         value -= 1
         budget.gpu_slider.setValue(value)
-    plan = budget.placement
+    plan = budget.plan.placement
     with qtbot.waitSignal(window.client.loaded, timeout=ENGINE_S) as loaded:
         qtbot.mouseClick(budget.load_button, Qt.MouseButton.LeftButton)
     info = loaded.args[0]
-    assert (info["expert_slots"], info["device_bytes"], info["context"]) == (
+    assert (info.expert_slots, info.device_bytes, info.context) == (
         plan.expert_slots, plan.device_bytes, plan.context)
-    assert f"{plan.expert_slots} of {budget.facts.total_experts} experts" in window.engine_status.text()
+    assert f"{plan.expert_slots} of {budget.plan.facts.total_experts} experts" in window.engine_status.text()
     assert window.tabs.currentIndex() == 0 and window.chat.send_button.isEnabled()
 
 
@@ -93,7 +93,7 @@ def test_a_message_streams_in_and_is_stored_with_its_figures(window, qtbot):
 
 def test_the_composer_shows_how_much_context_the_chat_fills(window, qtbot):
     answer = window.store.branch(window.chat.chat_id)[-1]
-    context = window.client.info["context"]
+    context = window.client.info.context
     assert answer.stats["context_tokens"] > answer.stats["tokens"]  # the prompt's tokens and the answer's
     meter = window.chat.meter
     assert meter.isVisible() and meter.label.text().startswith(f"Context {answer.stats['context_tokens']:,} of "

@@ -13,7 +13,7 @@ import torch
 from torch.nn.utils import parametrize
 from transformers import GptOssConfig, GptOssForCausalLM, Mxfp4Config
 
-from app.engine.mxfp4 import decode_mxfp4, encode_mxfp4
+from app.kernels.formats.mxfp4 import decode_mxfp4, encode_mxfp4
 from tests.fixtures.tiny_gpt_oss import tiny_gpt_oss_config, write_gpt_oss_folder
 
 # Sizes on top of gpt-oss-20b's config.json (the other keys, YaRN included, stay). The sliding window is 8

@@ -2,11 +2,12 @@
 
 from collections.abc import Iterator
 
-from app.engine.protocol import Done, Tokens
+from app.engine.answer_events import AnswerEvents
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler
 from app.engine.scheduler import Sequence, run_alone
 from app.engine.spec.drafter import Drafter
+from app.protocol.events import Done, Tokens
 
 
 def speculative_generate(
@@ -18,15 +19,17 @@ def speculative_generate(
     drafter: Drafter,
     block_size: int | None = None,
     fetch_bandwidth: float | None = None,
+    answer: AnswerEvents | None = None,
 ) -> Iterator[Tokens | Done]:
     """A new sequence over the runner's cache: yield one `Tokens` per step (with `drafted` and `spec`), then
-    `Done` whose stats add `spec`.
+    `Done` whose stats add `spec`; `answer` makes them, as for `generate`.
 
     `block_size` forces every step to verify that many positions (fewer when the answer or the context
     ends sooner); None lets the cost-aware policy choose per step, with `fetch_bandwidth` (bytes/s) as
     its first guess of the host-to-device copy speed. The tokens are those `generate` would emit:
     identical when greedy, identically distributed when sampling.
     """
-    sequence = Sequence(0, prompt_ids, runner, sampler, max_new_tokens, stop_ids, drafter=drafter,
-                        block_size=block_size, fetch_bandwidth=fetch_bandwidth)
+    answer = answer or AnswerEvents()
+    sequence = Sequence(answer.request_id, prompt_ids, runner, sampler, max_new_tokens, stop_ids, answer=answer,
+                        drafter=drafter, block_size=block_size, fetch_bandwidth=fetch_bandwidth)
     return run_alone(runner.model, sequence)

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from app.engine.generate import generate
-from app.engine.protocol import Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.mtp import MtpProposer, MtpSpeculation
+from app.protocol.events import Tokens
 from tests.engine.spec.conftest import load_offloaded
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
 
@@ -50,7 +50,7 @@ def test_greedy_mtp_speculation_emits_exactly_the_plain_tokens(glm, block_size, 
             drafter = AgreeingDrafter(drafter, len(ids), reference, agreement, 384, seed=len(ids))
         tokens, stats = tokens_and_stats(model, ids, drafter, block_size)
         assert tokens == reference, f"prompt of {len(ids)} tokens"
-        kept += stats["spec"]["accepted_per_step"]
+        kept += stats.spec.accepted_per_step
     assert model.experts.stats.misses > 0
     if agreement is not None and block_size != 2:
         assert 0 in kept and max(kept) >= 2
@@ -63,7 +63,7 @@ def test_the_mtp_cache_after_rewinds_is_the_one_a_single_pass_builds(glm):
     proposer = MtpProposer(speculation.mtp, 64, block_size=4)
     tokens, stats = tokens_and_stats(model, ids, AgreeingDrafter(proposer, len(ids), reference, 0.6, 384, seed=3), 4)
     assert tokens == reference
-    assert 0 in stats["spec"]["accepted_per_step"] and 3 in stats["spec"]["accepted_per_step"]
+    assert 0 in stats.spec.accepted_per_step and 3 in stats.spec.accepted_per_step
     committed = ids + tokens[:-1]
     with torch.inference_mode():
         drafts = proposer.propose(tokens[-1], 3, Sampler(GREEDY, model.device))

@@ -7,12 +7,12 @@ import torch
 
 from app.engine.generate import generate
 from app.engine.loader import load_model
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
+from app.protocol.events import Done, Tokens
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -53,10 +53,10 @@ def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash
                                                           Sampler(SamplingParams(), model.device), NEW, [],
                                                           drafter, block_size))
     assert tokens == reference
-    assert max(stats["spec"]["accepted_per_step"]) > 0
+    assert max(stats.spec.accepted_per_step) > 0
     if offloaded:
         # with misses served on the device, the look-ahead is off: it never prefetches
-        assert stats["expert_cache"]["misses"] > 0
-        assert (stats["expert_cache"]["prefetches"] > 0) == (offloaded == "host")
+        assert stats.expert_cache.misses > 0
+        assert (stats.expert_cache.prefetches > 0) == (offloaded == "host")
     elif block_size is None:
-        assert 1 in stats["spec"]["block_sizes"]  # the graph step ran
+        assert 1 in stats.spec.block_sizes  # the graph step ran

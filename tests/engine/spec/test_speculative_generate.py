@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from app.engine.generate import generate
-from app.engine.protocol import Done, Tokens
 from app.engine.runner import StepRunner
 from app.engine.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.step import Speculator
+from app.protocol.events import Done, Tokens
 from tests.engine.spec.conftest import load_offloaded
 from tests.engine.spec.test_accept import assert_rate, chi_square_p_value
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
@@ -72,12 +72,12 @@ def test_greedy_speculation_emits_exactly_the_plain_tokens(block_size, agreement
         tokens, _, done, _ = speculate(offloaded_target, drafter, ids, block_size=block_size)
         assert tokens == reference, f"prompt of {len(ids)} tokens"
         assert done.stop_reason == "length"
-        sizes = done.stats["spec"]["block_sizes"]
-        kept += done.stats["spec"]["accepted_per_step"]
+        sizes = done.stats.spec.block_sizes
+        kept += done.stats.spec.accepted_per_step
         if block_size:
-            assert sizes == forced_sizes(block_size, done.stats["spec"]["accepted_per_step"])
+            assert sizes == forced_sizes(block_size, done.stats.spec.accepted_per_step)
         if agreement == 1.0:
-            assert done.stats["spec"]["accepted_per_step"] == [size - 1 for size in sizes]  # every draft kept
+            assert done.stats.spec.accepted_per_step == [size - 1 for size in sizes]  # every draft kept
     assert offloaded_target.experts.stats.misses > 0
     if agreement == 0.5 and block_size and block_size > 2:
         assert 0 in kept and max(kept) > 0
@@ -113,7 +113,7 @@ def test_max_new_tokens_inside_a_block_caps_that_block(offloaded_target, specula
     tokens, _, done, _ = speculate(offloaded_target, drafter, ids, count=4, block_size=6)
     assert tokens == reference[:4]
     assert done.stop_reason == "length"
-    assert done.stats["spec"]["block_sizes"] == [3]  # the prefill's token, then one block of 3
+    assert done.stats.spec.block_sizes == [3]  # the prefill's token, then one block of 3
 
 
 def test_a_full_context_ends_speculation_where_it_ends_plain_decoding(offloaded_target, speculation, references):
@@ -134,7 +134,7 @@ def test_rewinds_leave_the_target_and_drafter_caches_as_one_pass_over_the_commit
     proposer = speculation.new_drafter(len(ids) + NEW_TOKENS + 1)  # room to flush its context below
     drafter = AgreeingDrafter(proposer, len(ids), reference, 0.6, VOCAB, seed=9)
     tokens, _, done, cache = speculate(offloaded_target, drafter, ids, block_size=4)
-    kept = done.stats["spec"]["accepted_per_step"]
+    kept = done.stats.spec.accepted_per_step
     assert 0 in kept and 3 in kept  # some blocks were cut short and rewound
     committed = ids + tokens[:-1]
     assert cache.length == len(committed)
@@ -156,19 +156,19 @@ def test_each_step_reports_its_block_and_which_tokens_were_drafts(offloaded_targ
     reference = references[tuple(ids)]
     drafter = drafter_for(speculation, ids, reference, 0.6, len(ids) + NEW_TOKENS)
     tokens, steps, done, _ = speculate(offloaded_target, drafter, ids, block_size=4)
-    spec = done.stats["spec"]
+    spec = done.stats.spec
     assert steps[0].spec is None and steps[0].drafted == []  # the prefill's token
-    assert spec["policy"] == "fixed"
-    assert spec["steps"] == len(spec["block_sizes"]) == len(spec["accepted_per_step"]) == len(steps) - 1
-    assert spec["mean_accepted"] == pytest.approx(sum(spec["accepted_per_step"]) / spec["steps"])
-    assert done.stats["decode_tokens"] == len(tokens) - 1 == sum(len(s.token_ids) for s in steps[1:])
-    for step, size, kept in zip(steps[1:], spec["block_sizes"], spec["accepted_per_step"], strict=True):
+    assert spec.policy == "fixed"
+    assert spec.steps == len(spec.block_sizes) == len(spec.accepted_per_step) == len(steps) - 1
+    assert spec.mean_accepted == pytest.approx(sum(spec.accepted_per_step) / spec.steps)
+    assert done.stats.decode_tokens == len(tokens) - 1 == sum(len(s.token_ids) for s in steps[1:])
+    for step, size, kept in zip(steps[1:], spec.block_sizes, spec.accepted_per_step, strict=True):
         assert (step.spec.block_size, step.spec.accepted) == (size, kept)
         assert step.drafted == [i < kept for i in range(len(step.token_ids))]
         assert len(step.token_ids) == kept + 1 or step is steps[-1]
         assert step.spec.hits + step.spec.misses > 0
         assert step.spec.experts_per_layer == (step.spec.hits + step.spec.misses) / 4
-    assert {"prefill_tokens", "decode_tokens", "ttft_s", "decode_tok_s", "expert_cache"} <= done.stats.keys()
+    assert {"prefill_tokens", "decode_tokens", "ttft_s", "decode_tok_s", "expert_cache"} <= done.stats.as_dict().keys()
 
 
 def test_sampled_speculation_emits_the_targets_own_distribution(resident_target, tiny_dflash):
@@ -237,7 +237,7 @@ def test_route_ahead_prefetch_predicts_the_first_layer_before_each_verify(tiny_g
         guess = (normed @ layer["router"].T + layer["router_bias"]).topk(2, dim=-1).indices
         assert (kind, predicted_layer) == ("prefetch", 0)
         assert predicted == sorted(set(guess.flatten().tolist()))
-    cache_stats = done.stats["expert_cache"]
-    assert 0 < cache_stats["prefetch_coverage"] < 1
-    assert 0 < cache_stats["prefetch_waste"] < 1
+    cache_stats = done.stats.expert_cache
+    assert 0 < cache_stats.prefetch_coverage < 1
+    assert 0 < cache_stats.prefetch_waste < 1
     assert any(0 < step.spec.prefetch_coverage < 1 for step in steps[1:])

@@ -2,7 +2,7 @@
 
 import torch
 
-from app.engine.mxfp4 import E2M1_VALUES, decode_mxfp4, encode_mxfp4
+from app.kernels.formats.mxfp4 import E2M1_VALUES, decode_mxfp4, encode_mxfp4
 
 
 def e2m1_by_bits(code: int) -> float:
