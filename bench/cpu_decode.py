@@ -26,7 +26,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.layers import finish_forward
 from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
 from app.kernels.cpu import library
@@ -60,7 +59,7 @@ def step_parts(session: Session, depth: int, steps: int = 200) -> dict:
         slots = cache.slot_table[0][torch.arange(config.num_experts_per_tok)][None]
         weights = torch.full((1, config.num_experts_per_tok), 1 / config.num_experts_per_tok)
         experts = median_seconds(lambda: model.run_experts(hidden, cache.arenas, slots, weights), steps)
-        logits = median_seconds(lambda: finish_forward(model, hidden, {}, (), last_only=True), steps)
+        logits = median_seconds(lambda: model.finish(hidden, {}, (), last_only=True), steps)
     layers = config.num_hidden_layers
     return {"step_s": step, "expert_op_s": experts, "per_expert_s": experts / config.num_experts_per_tok,
             "norm_and_logits_s": logits, "per_layer_overhead_s": (step - logits - layers * experts) / layers}

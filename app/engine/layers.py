@@ -59,15 +59,3 @@ def silu_glu(
 ) -> torch.Tensor:
     """The SiLU-gated MLP (`app.kernels.silu_glu`) over weights kept as tensors or as FP8."""
     return kernel_silu_glu(x, gate, up, down, linear)
-
-
-def finish_forward(model, x: torch.Tensor, outputs: dict, capture: tuple[int, ...], last_only: bool):
-    """The end of a target's forward pass: final norm, logits [T or 1, V] (float32), and with `capture`
-    also the features [T, len(capture) * H] (the last layer's entry is taken after the final norm)."""
-    x = rms_norm(x, model.final_norm, model.config.rms_norm_eps)
-    if model.config.num_hidden_layers - 1 in capture:
-        outputs[model.config.num_hidden_layers - 1] = x
-    logits = linear(x[-1:] if last_only else x, model.lm_head).float()
-    if not capture:
-        return logits
-    return logits, torch.cat([outputs[index] for index in capture], dim=-1)

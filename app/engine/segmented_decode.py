@@ -19,15 +19,13 @@ import torch
 from app.engine.cuda_graph import warm_up
 from app.engine.experts import ExpertCache, Routing
 from app.engine.kv_cache import KVCache
-from app.engine.layers import finish_forward
 
 
 def segments_ready(model) -> bool:
     """A decode step can be segmented: a GPU, experts that need the host (else one graph runs the whole step,
-    cuda_graph.graph_ready: with some experts on disk, say) in one device's cache, and a model split at its
-    experts (`until_experts`)."""
+    cuda_graph.graph_ready: with some experts on disk, say) in one device's cache,."""
     return (model.device.type == "cuda" and isinstance(model.experts, ExpertCache)
-            and not model.experts.host_free_passes and hasattr(model, "until_experts"))
+            and not model.experts.host_free_passes)
 
 
 class SegmentedDecode:
@@ -90,7 +88,7 @@ class SegmentedDecode:
             else:
                 self.residuals[index], self.routings[index] = x, routing
         if is_last:
-            out = finish_forward(self.model, x, dict(self.layer_outputs), self.capture, last_only=False)
+            out = self.model.finish(x, dict(self.layer_outputs), self.capture, last_only=False)
             self.logits, self.features = out if self.capture else (out, None)
 
     def _layer_output(self, index: int, x: torch.Tensor) -> torch.Tensor:

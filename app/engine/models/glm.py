@@ -3,12 +3,10 @@
 experts from the expert cache, plus a shared expert. Attention is the architecture's own: GQA in
 glm4_moe.py, multi-head latent attention in mla.py (GLM-4.7-Flash), with DSA in glm_moe_dsa.py (GLM-5).
 
-Besides the engine's model API (`forward`, `forward_batch`, `new_kv_cache`, `embedding_routes`, `config`, `experts`,
-`device`, and the split at the routed experts that segmented_decode.py replays: `attention_context`,
-`until_experts`, `routed_experts`), a GLM model has `load_mtp()` -> `GlmMtp`, its checkpoint's
-multi-token-prediction layer as a drafter (glm_mtp.py). The MTP layer reads the target's final hidden
-states (after the last norm): `forward(token_ids, cache, capture=(num_hidden_layers - 1,))` returns them
-beside the logits.
+A GLM model implements the engine's model interface (moe_decoder.py), and its `load_mtp()` gives a `GlmMtp`, its
+checkpoint's multi-token-prediction layer as a drafter (glm_mtp.py). The MTP layer reads the target's final hidden
+states (after the last norm): `forward(token_ids, cache, capture=(num_hidden_layers - 1,))` returns them beside
+the logits.
 """
 
 from dataclasses import MISSING, dataclass, fields
@@ -18,9 +16,10 @@ import torch
 from app.engine.checkpoint import Checkpoint
 from app.engine.experts import ExpertCache, ExpertTensors, Routing
 from app.engine.kv_cache import KVCache
-from app.engine.layers import causal_mask, finish_forward, rms_norm, silu_glu
+from app.engine.layers import causal_mask, rms_norm, silu_glu
 from app.engine.linear import Fp8Weight, load_linear
 from app.engine.models.glm_mtp import GlmMtp
+from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.rope import Rotary
 from app.errors import UserError
 from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
@@ -191,8 +190,8 @@ class RoutedMoe:
 class GlmLayer:
     """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream.
 
-    A layer runs in two parts: `until_experts` (attention, then the dense MLP or the MoE's shared expert and
-    router: no host work, so a CUDA graph can hold it) and `with_routed_experts` (the MoE's routed experts).
+    A layer runs in the parts of the model interface (moe_decoder.py): `with_attention`, `until_routed` (the
+    dense MLP or the MoE's shared expert and router) and `with_routed_experts` (the MoE's routed experts).
     """
 
     def __init__(self, model: "GlmModel", index: int, cache_layer: int):
@@ -209,30 +208,21 @@ class GlmLayer:
         self.mlp = self.moe.shared if self.moe is not None else DenseMlp(model, prefix + "mlp.", c.intermediate_size)
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        return self.with_routed_experts(*self.until_experts(x, step, cache))
+        return self.with_routed_experts(*self.until_routed(self.with_attention(x, step, cache)))
 
-    def until_experts(self, x: torch.Tensor, step: Step, cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
-        """The layer's input x [T, H] -> (its output but the routed experts [T, H], their routing); a dense
-        layer's routing is None and its first value is its whole output."""
-        return self.mlp_until_experts(x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache))
+    def with_attention(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
+        return x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
 
     def with_routed_experts(self, residual: torch.Tensor, routing: Routing | None) -> torch.Tensor:
         return residual if routing is None else residual + self.moe.routed(routing)
 
-    def forward_batch(self, x: torch.Tensor, sequences: list[tuple[int, int, Step, KVCache]]) -> torch.Tensor:
-        """x [sum T_i, H], the blocks of N sequences (rows start:end of each): attention per sequence, the MLP
-        once for all the rows."""
-        normed = rms_norm(x, self.input_norm, self.eps)
-        x = x + torch.cat([self.attention(normed[start:end], step, cache) for start, end, step, cache in sequences])
-        return self.with_routed_experts(*self.mlp_until_experts(x))
-
-    def mlp_until_experts(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+    def until_routed(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
         """The residual after attention x [T, H] -> (plus the dense MLP or shared expert, the MoE's routing)."""
         normed = rms_norm(x, self.post_norm, self.eps)
         return x + self.mlp(normed), (self.moe.routing(normed) if self.moe is not None else None)
 
 
-class GlmModel:
+class GlmModel(MoeDecoder):
     """A GLM forward pass over one sequence. Subclasses give `rotary_dim`, `attention(index, cache_layer)`
     and `kv_cache(capacity, layers)` (a cache for the given checkpoint layers, in that order)."""
 
@@ -280,67 +270,22 @@ class GlmModel:
 
     def attention_context(self, num_tokens: int, cache: KVCache) -> Step:
         """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
-        cache.check_room(num_tokens)
         positions = cache.positions(num_tokens)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         return Step(positions, cos, sin, causal_mask(positions, cache.num_rows(num_tokens), None))
 
-    def forward(
-        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False, capture: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
-        [1, vocab] for the last position only (a prefill chunk needs no more).
+    def with_attention(self, index: int, x: torch.Tensor, context: Step, cache: KVCache) -> torch.Tensor:
+        return self.layers[index].with_attention(x, context, cache)
 
-        With `capture` (layer indices), returns (logits, features): transformers' `hidden_states[l + 1]`
-        of those layers (the layer's output; for the last layer, after the final norm) concatenated in the
-        order given, [T, len(capture) * H], for every position.
-        """
-        context = self.attention_context(len(token_ids), cache)
-        x = self.embed[token_ids]
-        outputs = {}
-        for index, layer in enumerate(self.layers):
-            x = layer(x, context, cache)
-            if index in capture:
-                outputs[index] = x
-        cache.advance(len(token_ids))
-        return finish_forward(self, x, outputs, capture, last_only)
-
-    def forward_batch(
-        self, blocks: list[torch.Tensor], caches: list[KVCache], capture: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Blocks of tokens [T_i] of N sequences, each after its cache's committed tokens -> logits [sum T_i,
-        vocab] (float32), with `capture` also their features (see `forward`), in block order; each MoE layer's
-        routed experts run once for all the tokens."""
-        bounds = torch.tensor([0, *(len(block) for block in blocks)]).cumsum(0).tolist()
-        sequences = [(start, end, self.attention_context(len(block), cache), cache)
-                     for start, end, block, cache in zip(bounds[:-1], bounds[1:], blocks, caches, strict=True)]
-        x = self.embed[torch.cat(blocks)]
-        outputs = {}
-        for index, layer in enumerate(self.layers):
-            x = layer.forward_batch(x, sequences)
-            if index in capture:
-                outputs[index] = x
-        for block, cache in zip(blocks, caches, strict=True):
-            cache.advance(len(block))
-        return finish_forward(self, x, outputs, capture, last_only=False)
-
-    def until_experts(self, index: int, x: torch.Tensor, context: Step,
-                      cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
-        """Layer `index` up to its routed experts (GlmLayer.until_experts); segmented_decode.py captures this part."""
-        return self.layers[index].until_experts(x, context, cache)
+    def until_routed(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        return self.layers[index].until_routed(x)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         """The weighted sum [T, H] of the experts `routing` picked for MoE layer `index`."""
         return self.layers[index].moe.routed(routing)
 
-    def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
-        """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
-        embedding reached it: the layer's router on its normed embedding. A guess available before a
-        forward pass starts, so the copies of a verify block's first layers can start early."""
-        embedded = self.embed[token_ids]
-        eps = self.config.rms_norm_eps
-        return {index: self.moe_layers[index].choose(rms_norm(embedded, self.layers[index].post_norm, eps))
-                for index in layers}
+    def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
+        return self.moe_layers[index].choose(rms_norm(embedded, self.layers[index].post_norm, self.config.rms_norm_eps))
 
     def load_mtp(self) -> GlmMtp:
         """The checkpoint's MTP layer (index `num_hidden_layers`) as a drafter; its routed experts share the cache."""

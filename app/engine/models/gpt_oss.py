@@ -9,7 +9,8 @@ import torch
 from app.engine.checkpoint import Checkpoint
 from app.engine.experts import ExpertCache, ExpertTensors, Routing
 from app.engine.kv_cache import KVCache
-from app.engine.layers import attend, causal_mask, finish_forward, rms_norm
+from app.engine.layers import attend, causal_mask, rms_norm
+from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.rope import Rotary, rotate_halves
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
 
@@ -102,7 +103,7 @@ def expert_reader(config: GptOssConfig, checkpoint: Checkpoint):
     return read
 
 
-class GptOss:
+class GptOss(MoeDecoder):
     """The GPT-OSS forward pass over one sequence: resident weights plus the shared expert cache."""
 
     def __init__(self, config: GptOssConfig, checkpoint: Checkpoint, experts: ExpertCache, dtype: torch.dtype):
@@ -152,27 +153,6 @@ class GptOss:
         shape = (c.num_key_value_heads, c.head_dim)
         return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
 
-    def forward(
-        self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False, capture: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """token_ids [T] following the cache's committed tokens -> logits [T, vocab] (float32), or
-        [1, vocab] for the last position only (a prefill chunk needs no more).
-
-        With `capture` (layer indices), returns (logits, features): transformers' `hidden_states[l + 1]`
-        of those layers (the layer's output; for the last layer, after the final norm) concatenated in the
-        order given, [T, len(capture) * H], for every position. That is the context a DFlash drafter reads.
-        """
-        cache.check_room(len(token_ids))
-        x, context = self.embed[token_ids], self.attention_context(len(token_ids), cache)
-        outputs = {}
-        for index in range(len(self.layers)):
-            x, routing = self.until_experts(index, x, context, cache)
-            x = x + self.routed_experts(index, routing)
-            if index in capture:
-                outputs[index] = x
-        cache.advance(len(token_ids))
-        return finish_forward(self, x, outputs, capture, last_only)
-
     def attention_context(self, num_tokens: int, cache: KVCache) -> AttentionContext:
         """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         positions = cache.positions(num_tokens)
@@ -180,14 +160,13 @@ class GptOss:
                  for window in (None, self.config.sliding_window)}
         return AttentionContext(masks, *self.rotary.cos_sin(positions, self.dtype))
 
-    def until_experts(self, index: int, x: torch.Tensor, context: AttentionContext,
-                      cache: KVCache) -> tuple[torch.Tensor, Routing]:
-        """Layer `index` up to its routed experts: its input x [T, H] -> the residual after attention
-        [T, H] and the routing of its normed copy. The layer's output is the residual plus
-        `routed_experts(index, routing)`; the decode step of segmented_decode.py captures this part."""
+    def with_attention(self, index: int, x: torch.Tensor, context: AttentionContext, cache: KVCache) -> torch.Tensor:
         layer = self.layers[index]
-        x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
-                                *context, cache)
+        return x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
+                                   *context, cache)
+
+    def until_routed(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+        layer = self.layers[index]
         return x, self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
@@ -195,43 +174,9 @@ class GptOss:
         return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
                                 routing.predictions)
 
-    def forward_batch(
-        self, blocks: list[torch.Tensor], caches: list[KVCache], capture: tuple[int, ...] = ()
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Blocks of tokens [T_i] of N sequences, each after its cache's committed tokens -> logits [sum T_i,
-        vocab] (float32), with `capture` also their features (see `forward`), in block order. Attention runs
-        per sequence over its own cache; each layer's routed experts run once for all the tokens, so one
-        expert sweep serves the whole batch."""
-        contexts = []
-        for block, cache in zip(blocks, caches, strict=True):
-            cache.check_room(len(block))
-            contexts.append(self.attention_context(len(block), cache))
-        bounds = torch.tensor([0, *(len(block) for block in blocks)]).cumsum(0).tolist()
-        x = self.embed[torch.cat(blocks)]
-        outputs = {}
-        for index, layer in enumerate(self.layers):
-            normed = rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
-            x = x + torch.cat([self._attention(index, layer, normed[start:end], *context, cache)
-                               for start, end, context, cache in zip(bounds[:-1], bounds[1:], contexts, caches,
-                                                                     strict=True)])
-            routing = self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
-            x = x + self.routed_experts(index, routing)
-            if index in capture:
-                outputs[index] = x
-        for block, cache in zip(blocks, caches, strict=True):
-            cache.advance(len(block))
-        return finish_forward(self, x, outputs, capture, last_only=False)
-
-    def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
-        """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
-        embedding reached it: the layer's router on its normed embedding. A guess available before a
-        forward pass starts, so the copies of a verify block's first layers can start early."""
-        embedded = self.embed[token_ids]
-        return {
-            index: self._route(self.layers[index],
-                               rms_norm(embedded, self.layers[index]["post_norm"], self.config.rms_norm_eps)).indices
-            for index in layers
-        }
+    def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[index]
+        return self._route(layer, rms_norm(embedded, layer["post_norm"], self.config.rms_norm_eps)).indices
 
     def _attention(self, index, layer, x, masks, cos, sin, cache: KVCache) -> torch.Tensor:
         c = self.config

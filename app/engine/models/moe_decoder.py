@@ -54,7 +54,8 @@ class MoeDecoder:
         """The architecture's multi-token-prediction layer as a drafter, None where it has none."""
         return None
 
-    def until_experts(self, index: int, x: torch.Tensor, context, cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
+    def until_experts(self, index: int, x: torch.Tensor, context,
+                      cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
         """Layer `index` up to its routed experts: its input x [T, H] -> (its output but the routed experts, their
         routing); segmented_decode.py captures this part."""
         return self.until_routed(index, self.with_attention(index, x, context, cache))

@@ -39,10 +39,10 @@ class MtpSpeculation:
         return gpu_budget - needed
 
     def load(self, model) -> None:
-        if not hasattr(model, "load_mtp"):
+        self.mtp = model.load_mtp()
+        if self.mtp is None:
             raise UserError(f"--spec mtp needs a model with its own MTP layer (GLM); "
                             f"this one is {self.facts.model_type}: use --spec dflash with a drafter")
-        self.mtp = model.load_mtp()
 
     def new_drafter(self, capacity: int) -> "MtpProposer":
         return MtpProposer(self.mtp, capacity, self.block_size or MTP_BLOCK_SIZE)
