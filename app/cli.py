@@ -122,7 +122,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_generate(args) -> int:
-    from app.engine.sampling import SamplingParams
+    from app.engine.generation.sampling import SamplingParams
     from app.engine.session import Prompt, Session, collect
     from app.engine.spec.options import SpecOptions
     from app.model_folder import ModelFolder

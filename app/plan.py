@@ -48,7 +48,7 @@ class ModelFacts:
     measured_hit_rates: tuple[tuple[float, float], ...] = ()
     resident_fp8_weights: int = 0  # elements of the resident weights stored as FP8 that the engine can keep FP8
     resident_fp8_bytes: int = 0  # those weights as stored, their scales included
-    fp8_kept: bool = False  # the engine keeps them FP8 (on a GPU: app/engine/linear.py)
+    fp8_kept: bool = False  # the engine keeps them FP8 (on a GPU: app/engine/layers/linear.py)
 
     @property
     def total_experts(self) -> int:
@@ -371,7 +371,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     link_bps = hardware.link_bps
     if placement.expert_slots >= facts.total_experts:
         overhead_s = facts.num_layers * overheads.graph_s
-    elif placement.disk_experts:  # the host copies misses (engine: experts.py)
+    elif placement.disk_experts:  # the host copies misses (engine: experts/cache.py)
         overhead_s = facts.num_layers * overheads.segmented_s
     else:  # misses served on the device
         overhead_s = facts.num_layers * overheads.graph_s + len(facts.moe_layers) * overheads.device_misses_s

@@ -1,4 +1,4 @@
-"""Continuous batching on an offloaded MoE: N greedy sequences decoded together (app/engine/batch.py)
+"""Continuous batching on an offloaded MoE: N greedy sequences decoded together (app/engine/generation/batch.py)
 against the same N one after another, with the experts in a few cache slots. Reports aggregate decode
 tok/s and the expert bytes copied per generated token, the figure batching exists to cut (one expert
 sweep per step serves every sequence's token).
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from app.engine.batch import Batch
-from app.engine.sampling import SamplingParams
+from app.engine.generation.batch import Batch
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Session
 from app.protocol.events import Tokens
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss

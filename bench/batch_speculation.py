@@ -1,6 +1,6 @@
 """Speculative requests decoded together against the same requests one after another: the bundled demo model
-and its DFlash drafter, greedy, through the engine process's batch (app/engine/batch.py), with the experts in a
-few cache slots so that the expert sweep a step shares is worth sharing.
+and its DFlash drafter, greedy, through the engine process's batch (app/engine/generation/batch.py), with the
+experts in a few cache slots so that the expert sweep a step shares is worth sharing.
 
     python bench/batch_speculation.py OUT.json [--requests 4] [--new 64] [--slots 24] [--block-size 8]
         [--device cpu|cuda] [--repeats 3]
@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.batch import Batch
+from app.engine.generation.batch import Batch
+from app.engine.generation.sampling import SamplingParams
 from app.engine.models.dflash import open_dflash
-from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
 from app.paths import DEMO_DRAFTER, DEMO_MODEL

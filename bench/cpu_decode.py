@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.sampling import SamplingParams
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
 from app.kernels.cpu import library
 from app.paths import DEMO_MODEL

@@ -9,8 +9,8 @@ JSON output on the same checkpoint) and, optionally, the transformers + accelera
 Routing decides what an expert cache does (performance.md's protocol): `model` is the synthetic model's own
 (random weights), `trace` replays the real gpt-oss-20b's routing (bench/data/), `uniform` draws every token's
 experts uniformly at random (the worst case); under both overrides the router's scores weight the chosen
-experts and look-ahead predictions still come from the router (app/engine/routing_override.py). `--misses`:
-the device serves misses with no host work (`device`, the engine's default: app/engine/device_misses.py), or
+experts and look-ahead predictions still come from the router (app/engine/experts/routing_override.py). `--misses`:
+the device serves misses with no host work (`device`, the engine's default: app/engine/experts/device_misses.py), or
 the host copies them first (`host`: it waits at each layer). For 120b the experts are zeros in a sparse file
 (61 GB of random bytes do not fit the GPU machine's disk); its routing is the model's own or uniform (the trace
 is 20b's).
@@ -34,11 +34,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.generate import generate
+from app.engine.experts.routing_override import ReplayedRouting, UniformRouting
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
-from app.engine.routing_override import ReplayedRouting, UniformRouting
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, dtype_bytes, plan_placement
 from app.protocol.events import Done

@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.sampling import SamplingParams
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect, prompt_ids
 from app.engine.spec.options import SpecOptions
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.tokenizer import ChatTokenizer
 from app.paths import DEMO_DRAFTER, DEMO_MODEL
 
 

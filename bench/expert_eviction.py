@@ -1,6 +1,6 @@
 """Host cost of the expert cache's eviction policy: time per `ExpertCache.ensure` call (one layer of one
 decode token) at the shape of gpt-oss-120b (36 MoE layers × 128 experts, top-4), under the engine's policy
-(app/engine/cache_policy.py) and under LRU (the same heap with a half-life of one use).
+(app/engine/experts/cache_policy.py) and under LRU (the same heap with a half-life of one use).
 
     python bench/expert_eviction.py [--tokens 3000]
 

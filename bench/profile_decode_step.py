@@ -21,9 +21,9 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.cuda_graph import DecodeGraph
 from app.engine.loader import load_model
-from app.engine.runner import prefill
+from app.engine.runner.cuda_graph import DecodeGraph
+from app.engine.runner.step_runner import prefill
 from app.model_folder import ModelFolder
 from bench.decode_gpt_oss import machine
 from tests.fixtures.tiny_glm import GLM_4_5_AIR_FP8_CONFIG, write_real_size_glm

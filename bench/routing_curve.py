@@ -1,6 +1,6 @@
 """The expert cache's hit rate against the share of experts it holds, on the real gpt-oss-20b routing
 (bench/data/gpt-oss-20b-routing.npz), under the engine's policy as decode runs it: misses read in place and
-admitted into the host's queue of victims, settled once a token (app/engine/device_misses.py; the device's
+admitted into the host's queue of victims, settled once a token (app/engine/experts/device_misses.py; the device's
 residency kernel replaced by its reference, so this runs on a CPU), and under plain LRU for comparison. The
 planner's routing curve for gpt_oss models (app/plan.py) comes from this file.
 
@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine import device_misses
+from app.engine.experts import device_misses
 from app.kernels.expert_resolve import resolve_experts_torch
 from bench.decode_gpt_oss import TRACE, cpu_machine
 from tools.demo.routing import bookkeeping_cache

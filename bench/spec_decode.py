@@ -31,10 +31,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.generate import generate
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder

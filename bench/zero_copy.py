@@ -1,5 +1,5 @@
 """How fast a GPU kernel reads page-locked host memory in place (zero-copy), against the copy engine, for the
-expert cache's choice between reading a missed expert in place and copying it first (app/engine/experts.py).
+expert cache's choice between reading a missed expert in place and copying it first (app/engine/experts/cache.py).
 
     python bench/zero_copy.py OUT.json
 
@@ -22,7 +22,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.host_memory import REGISTER_FLAGS
+from app.engine.weights.host_memory import REGISTER_FLAGS
 from app.kernels.expert_table import device_addresses, slot_table
 from app.kernels.gpt_oss_experts_triton import run_from_table
 from bench.decode_gpt_oss import machine, median_seconds

@@ -7,7 +7,7 @@ import torch
 
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.tokenizer import ChatTokenizer
 from app.paths import DEMO_DRAFTER, DEMO_MODEL
 from bench.demo_model import run
 from tools.demo.acceptance import greedy_tau

@@ -7,7 +7,7 @@ import torch
 
 from app.cli import main
 from app.engine.loader import load_model
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.tokenizer import ChatTokenizer
 from app.model_folder import ModelFolder
 from app.paths import DEMO_DRAFTER, DEMO_MODEL
 from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.tokenizer import ChatTokenizer
 from app.paths import BUNDLED_MODELS, DEMO_DRAFTER, DEMO_MODEL
 from app.plan import ROUTING_FILE
 from tools.demo.acceptance import greedy_tau

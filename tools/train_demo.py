@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.tokenizer import ChatTokenizer
 from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
 from tools.demo import drafter as drafting
 from tools.demo import target as targeting

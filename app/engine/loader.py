@@ -5,11 +5,12 @@ from dataclasses import dataclass
 
 import torch
 
-from app.engine.checkpoint import Checkpoint, check_finite
-from app.engine.expert_parallel import ExpertParallelCache
-from app.engine.experts import ExpertCache, ExpertStore
-from app.engine.linear import keeps_fp8
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.expert_parallel import ExpertParallelCache
+from app.engine.experts.store import ExpertStore
+from app.engine.layers.linear import keeps_fp8
 from app.engine.models import ARCHITECTURES
+from app.engine.weights.checkpoint import Checkpoint, check_finite
 from app.errors import UserError
 from app.kernels.choice import triton_runs
 from app.model_folder import ModelFolder
@@ -71,7 +72,7 @@ def load_model(
 ) -> LoadedModel:
     """`on_progress(stage, fraction)` is called between stages and per layer of experts; raising
     from it cancels the load. A tuple of budgets, one per GPU, spreads the experts over the GPUs.
-    Decode and verify passes have their misses served on the device where they can (experts.py), unless
+    Decode and verify passes have their misses served on the device where they can (experts/cache.py), unless
     `misses_on_device` is False (the host then copies them, waiting at each layer)."""
     torch_device = resolve_device(device)
     on_progress("planning", 0.0)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
-from app.engine.batch import Batch
-from app.engine.prompts import PromptWorker
-from app.engine.sampling import SamplingParams
+from app.engine.generation.batch import Batch
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Prompt, Session
 from app.engine.spec.options import SpecOptions
+from app.engine.text.prompts import PromptWorker
 from app.errors import UserError
 from app.protocol.events import Done, Error, Loaded, LoadProgress, ModelInfo, StepStats, Tokens
 from app.protocol.kinds import ErrorKind, StopReason

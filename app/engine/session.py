@@ -5,18 +5,18 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from app.engine.answer_events import AnswerEvents
-from app.engine.generate import generate
-from app.engine.generation import check_prompt
+from app.engine.generation.checks import check_prompt
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import LoadedModel, load_model
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.drafter import Speculation
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.mtp import MtpSpeculation
 from app.engine.spec.options import SpecOptions
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.answer_events import AnswerEvents
+from app.engine.text.tokenizer import ChatTokenizer
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts

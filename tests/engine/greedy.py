@@ -2,9 +2,9 @@
 
 import torch
 
-from app.engine.generate import generate
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.protocol.events import Done, Tokens
 from app.protocol.stats import GenerationStats
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from app.engine.batch import Batch
-from app.engine.sampling import SamplingParams
+from app.engine.generation.batch import Batch
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Session, collect
 from app.protocol.events import Done, Tokens
 from tests.test_cli_spec import budget_for_slots

@@ -4,8 +4,9 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from app.engine.cache_policy import DecayedUseEviction
-from app.engine.experts import ExpertCache, ExpertStore
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.cache_policy import DecayedUseEviction
+from app.engine.experts.store import ExpertStore
 from tests.engine.test_experts import numbered_expert
 
 

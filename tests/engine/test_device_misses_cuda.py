@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import GptOssForCausalLM
 
-from app.engine.cuda_graph import DecodeGraph
 from app.engine.loader import load_model
-from app.engine.runner import StepRunner
+from app.engine.runner.cuda_graph import DecodeGraph
+from app.engine.runner.step_runner import StepRunner
 from app.model_folder import ModelFolder
 from tests.engine.greedy import greedy_with_stats, reference_greedy
 

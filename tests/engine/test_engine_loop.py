@@ -2,8 +2,8 @@
 
 import queue
 
+from app.engine.generation.sampling import SamplingParams
 from app.engine.process import engine_main
-from app.engine.sampling import SamplingParams
 from app.engine.session import Session, collect
 from app.protocol.events import Done, Error, Loaded, Tokens
 from app.protocol.requests import Cancel, Generate, LoadModel, Shutdown

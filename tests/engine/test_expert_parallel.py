@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from app.cli import main
-from app.engine.expert_parallel import ExpertParallelCache, assign_owners
-from app.engine.experts import OTHER_DEVICE, ExpertCache, ExpertStore
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.expert_parallel import ExpertParallelCache, assign_owners
+from app.engine.experts.store import OTHER_DEVICE, ExpertStore
 from app.engine.loader import load_model
 from app.engine.models.dflash import open_dflash
 from app.model_folder import ModelFolder

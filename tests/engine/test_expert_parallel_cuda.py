@@ -4,7 +4,7 @@ the GPU machine with `python -m pytest tests/engine/test_expert_parallel_cuda.py
 import pytest
 import torch
 
-from app.engine.expert_parallel import ExpertParallelCache
+from app.engine.experts.expert_parallel import ExpertParallelCache
 from tests.engine.greedy import greedy_with_stats
 from tests.engine.test_cuda import PROMPT
 from tests.engine.test_expert_parallel import CONTEXT, budgets_for_slots, load

@@ -1,6 +1,7 @@
 import torch
 
-from app.engine.experts import ExpertCache, ExpertStore
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.store import ExpertStore
 
 LAYERS, EXPERTS = (0, 1), 4
 

@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from app.cli import main
-from app.engine import checkpoint
 from app.engine.session import Session
+from app.engine.weights import checkpoint
 from app.errors import UserError
 
 DENSE_SHARD = "model-00000-of-00002.safetensors"

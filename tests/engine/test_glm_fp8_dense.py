@@ -5,8 +5,9 @@ those bytes as stored, and logits and MTP drafts equal the dequantized model's (
 import pytest
 import torch
 
-from app.engine import linear, loader
-from app.engine.linear import Fp8Weight
+from app.engine import loader
+from app.engine.layers import linear
+from app.engine.layers.linear import Fp8Weight
 from app.engine.loader import load_model
 from app.engine.models.glm import GlmModel
 from app.model_folder import ModelFolder

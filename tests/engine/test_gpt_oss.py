@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import GptOssForCausalLM
 
-from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
+from app.engine.experts.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseEviction
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
 from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy

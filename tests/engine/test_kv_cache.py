@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from app.engine.kv_cache import KVCache
+from app.engine.layers.kv_cache import KVCache
 from app.engine.loader import load_model
 from app.errors import UserError
 from app.model_folder import ModelFolder

@@ -2,8 +2,8 @@ from itertools import cycle
 
 import pytest
 
-from app.engine.output_parser import OutputParser
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.output_parser import OutputParser
+from app.engine.text.tokenizer import ChatTokenizer
 from tests.fixtures.tiny_tokenizer import (
     write_harmony_tokenizer,
     write_plain_tokenizer,

@@ -3,8 +3,8 @@
 import json
 
 from app.engine import process
+from app.engine.generation.sampling import SamplingParams
 from app.engine.process import EngineServer
-from app.engine.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
 from app.protocol.engine_process import spawn_engine
 from app.protocol.events import Done, Error, Loaded, LoadProgress, StepStats, Tokens

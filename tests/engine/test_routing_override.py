@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from app.engine.experts.routing_override import ReplayedRouting, UniformRouting
 from app.engine.loader import load_model
 from app.engine.models.glm import route
-from app.engine.routing_override import ReplayedRouting, UniformRouting
 from app.model_folder import ModelFolder
 
 

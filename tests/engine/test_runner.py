@@ -1,6 +1,6 @@
 """The step runner (runner.py) keeps a session's passes: later answers reuse the programs of the first."""
 
-from app.engine.sampling import SamplingParams
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
 from app.engine.spec.options import SpecOptions
 

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.generation.sampling import Sampler, SamplingParams
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
 

@@ -7,10 +7,10 @@ inside a segment, FP8, MLA, DSA). On CPU the segments run as plain code; on a GP
 import pytest
 import torch
 
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
-from app.engine.runner import StepRunner, prefill
-from app.engine.sampling import Sampler, SamplingParams
-from app.engine.segmented_decode import SegmentedDecode, segments_ready
+from app.engine.runner.segmented_decode import SegmentedDecode, segments_ready
+from app.engine.runner.step_runner import StepRunner, prefill
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.mtp import MtpSpeculation

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from app.engine.output_parser import HarmonyParser, PlainParser, ThinkParser
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.output_parser import HarmonyParser, PlainParser, ThinkParser
+from app.engine.text.tokenizer import ChatTokenizer
 from app.errors import UserError
 from tests.fixtures.tiny_tokenizer import (
     MAX_VOCAB_SIZE,

@@ -1,4 +1,4 @@
-"""Passes whose misses the device serves (app/engine/device_misses.py), run in Triton's interpreter: the greedy
+"""Passes whose misses the device serves (app/engine/experts/device_misses.py), run in Triton's interpreter: the greedy
 tokens and logits of the host-copy path (and of every expert resident), for single tokens, verify blocks and
 batched decode, GPT-OSS and GLM in FP8; the host's view of the slots stays the device's, and the host counts
 every hit and miss."""

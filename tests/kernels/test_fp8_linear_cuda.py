@@ -4,7 +4,7 @@ captured in a CUDA graph, and GLM keeping its dense FP8 weights FP8 on the GPU. 
 import pytest
 import torch
 
-from app.engine.linear import Fp8Weight
+from app.engine.layers.linear import Fp8Weight
 from app.engine.loader import load_model
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
 from app.model_folder import ModelFolder

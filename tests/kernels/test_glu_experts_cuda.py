@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from app.engine.op_graph import SingleTokenGraph
+from app.engine.experts.op_graph import SingleTokenGraph
 from app.kernels.glu_experts import glu_experts, glu_experts_torch
 from app.kernels.glu_experts_triton import pick_config, run_experts
 from tests.kernels.poison import poisoned_allocations

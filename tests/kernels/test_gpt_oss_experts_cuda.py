@@ -5,7 +5,7 @@ without a CUDA device (see conftest.py)."""
 import pytest
 import torch
 
-from app.engine.op_graph import SingleTokenGraph
+from app.engine.experts.op_graph import SingleTokenGraph
 from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_torch
 from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, matrix_unit_config, pick_config, run_experts
 from tests.kernels.poison import poisoned_allocations

@@ -3,7 +3,7 @@ the order the engine always wrote them, and read back by a client to the same fi
 
 import json
 
-from app.engine.sampling import SamplingParams
+from app.engine.generation.sampling import SamplingParams
 from app.engine.session import Prompt, Session, collect
 from app.engine.spec.options import SpecOptions
 from app.protocol.stats import BatchStats, CacheStats, GenerationStats, SpecStats, stats_dict

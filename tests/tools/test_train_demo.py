@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import GptOssForCausalLM
 
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
 from app.engine.models.dflash import open_dflash
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
@@ -42,7 +42,7 @@ def trainee_of(trained) -> DFlashTrainee:
 
 
 def heldout_prompt(trained) -> list[int]:
-    from app.engine.tokenizer import ChatTokenizer
+    from app.engine.text.tokenizer import ChatTokenizer
 
     chat = json.loads((trained / TARGET_NAME / "heldout.json").read_text())[0]
     return ChatTokenizer.load(trained / TARGET_NAME).render_chat(chat["messages"], chat["reasoning_effort"])

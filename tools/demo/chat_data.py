@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from app.engine.tokenizer import ChatTokenizer
+from app.engine.text.tokenizer import ChatTokenizer
 from tools.demo.corpus import Chat
 from tools.demo.drafter_data import DrafterData
 

@@ -1,15 +1,15 @@
 """The expert cache's hit rate while the engine itself generates on the demo model with its experts
 offloaded: `load_model` with a budget of `slots` experts per layer, greedy answers to held-out prompts one
 after another (the cache stays warm between them, as in the app), prompt prefill and decode both counted.
-Run under plain LRU and under the engine's eviction policy (app/engine/cache_policy.py)."""
+Run under plain LRU and under the engine's eviction policy (app/engine/experts/cache_policy.py)."""
 
 import torch
 
-from app.engine.cache_policy import LRU_HALF_LIFE, DecayedUseEviction
-from app.engine.generate import generate
+from app.engine.experts.cache_policy import LRU_HALF_LIFE, DecayedUseEviction
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.model_folder import ModelFolder
 from tools.demo.chat_data import STOP_IDS
 from tools.demo.routing import ENGINE_POLICY

@@ -7,7 +7,7 @@ for every token of some chats, and what that means for an expert cache.
   k / E for independent uniform routing;
 - hit rates of the engine's `ExpertCache` of `slots` experts per layer (slots × layers in all, shared by
   the layers as in the engine) replayed over the picks token by token, chats one after another, under
-  plain LRU and under the engine's eviction policy (app/engine/cache_policy.py), against what the
+  plain LRU and under the engine's eviction policy (app/engine/experts/cache_policy.py), against what the
   planner's uniform-routing model (`app.plan.expert_hit_rate`) predicts for the same slots.
 """
 
@@ -15,11 +15,12 @@ import math
 
 import torch
 
-from app.engine.cache_policy import DEFAULT_HALF_LIFE_SLOTS, LRU_HALF_LIFE, DecayedUseEviction
-from app.engine.experts import ExpertCache, ExpertStore
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.cache_policy import DEFAULT_HALF_LIFE_SLOTS, LRU_HALF_LIFE, DecayedUseEviction
+from app.engine.experts.store import ExpertStore
 from app.plan import expert_hit_rate
 
-ENGINE_POLICY = f"decayed use (app/engine/cache_policy.py), half-life {DEFAULT_HALF_LIFE_SLOTS:g} × slots"
+ENGINE_POLICY = f"decayed use (app/engine/experts/cache_policy.py), half-life {DEFAULT_HALF_LIFE_SLOTS:g} × slots"
 
 
 @torch.no_grad()

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from app.engine.checkpoint import Checkpoint
-from app.engine.kv_cache import KVCache
-from app.engine.layers import attend, rms_norm, silu_glu
-from app.engine.rope import Rotary, rotate_halves
+from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.ops import attend, rms_norm, silu_glu
+from app.engine.layers.rope import Rotary, rotate_halves
+from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import dtype_bytes

@@ -13,14 +13,15 @@ from dataclasses import MISSING, dataclass, fields
 
 import torch
 
-from app.engine.checkpoint import Checkpoint
-from app.engine.experts import ExpertCache, ExpertTensors, Routing
-from app.engine.kv_cache import KVCache
-from app.engine.layers import causal_mask, rms_norm, silu_glu
-from app.engine.linear import Fp8Weight, load_linear
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.store import ExpertTensors, Routing
+from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.linear import Fp8Weight, load_linear
+from app.engine.layers.ops import causal_mask, rms_norm, silu_glu
+from app.engine.layers.rope import Rotary
 from app.engine.models.glm_mtp import GlmMtp
 from app.engine.models.moe_decoder import MoeDecoder
-from app.engine.rope import Rotary
+from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
 from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
 
@@ -257,7 +258,7 @@ class GlmModel(MoeDecoder):
     def weight(
         self, module: str, shape: tuple[int, ...], float32: bool = False, dequantized: bool = False
     ) -> torch.Tensor | Fp8Weight:
-        """A linear layer's weight [out, in] for `app.engine.linear.linear`: on a GPU FP8 ones stay FP8, unless
+        """A linear layer's weight [out, in] for `app.engine.layers.linear.linear`: on a GPU FP8 ones stay FP8, unless
         the caller needs a tensor (`float32`, or `dequantized`: a weight used otherwise than as x @ W.T)."""
         dtype = torch.float32 if float32 else self.dtype
         if float32 or dequantized:

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from app.engine.kv_cache import KVCache
-from app.engine.layers import attend, rms_norm
-from app.engine.linear import Fp8Weight, linear
+from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.linear import Fp8Weight, linear
+from app.engine.layers.ops import attend, rms_norm
+from app.engine.layers.rope import rotate_halves
 from app.engine.models.glm import GlmConfig, GlmModel, Step
-from app.engine.rope import rotate_halves
 
 
 @dataclass(frozen=True)

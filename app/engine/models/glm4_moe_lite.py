@@ -1,7 +1,7 @@
 """GLM-4.7-Flash (`glm4_moe_lite`): the GLM decoder with multi-head latent attention (mla.py) and a
 compressed-latent KV cache. GLM-5 (glm_moe_dsa.py) adds DSA on top of this model."""
 
-from app.engine.kv_cache import KVCache
+from app.engine.layers.kv_cache import KVCache
 from app.engine.models.glm import GlmModel
 from app.engine.models.mla import LatentAttention, MlaConfig, latent_shape
 

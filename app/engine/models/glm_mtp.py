@@ -11,9 +11,9 @@ GLM-4.7-Flash), the target's otherwise (GLM-5). Its routed experts live in the s
 
 import torch
 
-from app.engine.kv_cache import KVCache
-from app.engine.layers import rms_norm
-from app.engine.linear import linear
+from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.linear import linear
+from app.engine.layers.ops import rms_norm
 
 
 class GlmMtp:

@@ -6,12 +6,13 @@ from typing import NamedTuple
 
 import torch
 
-from app.engine.checkpoint import Checkpoint
-from app.engine.experts import ExpertCache, ExpertTensors, Routing
-from app.engine.kv_cache import KVCache
-from app.engine.layers import attend, causal_mask, rms_norm
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.store import ExpertTensors, Routing
+from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.ops import attend, causal_mask, rms_norm
+from app.engine.layers.rope import Rotary, rotate_halves
 from app.engine.models.moe_decoder import MoeDecoder
-from app.engine.rope import Rotary, rotate_halves
+from app.engine.weights.checkpoint import Checkpoint
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
 
 

@@ -10,10 +10,11 @@ architecture gives the parts.
 
 import torch
 
-from app.engine.experts import ExpertCache, Routing
-from app.engine.kv_cache import KVCache
-from app.engine.layers import rms_norm
-from app.engine.linear import linear
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.store import Routing
+from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.linear import linear
+from app.engine.layers.ops import rms_norm
 
 
 class MoeDecoder:

@@ -13,7 +13,7 @@ exactly the target's distribution (its temperature / top-k / top-p included).
 
 import torch
 
-from app.engine.sampling import Sampler
+from app.engine.generation.sampling import Sampler
 
 
 def accept_one_hot(drafts: list[int], target_logits: torch.Tensor, sampler: Sampler) -> tuple[int, int]:

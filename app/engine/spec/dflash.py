@@ -5,12 +5,12 @@ from pathlib import Path
 
 import torch
 
-from app.engine.checkpoint import Checkpoint
-from app.engine.cuda_graph import PassGraph
-from app.engine.kv_cache import KVCache
+from app.engine.generation.sampling import Sampler
+from app.engine.layers.kv_cache import KVCache
 from app.engine.models.dflash import DFlashDrafter, check_pairing, open_dflash
-from app.engine.sampling import Sampler
+from app.engine.runner.cuda_graph import PassGraph
 from app.engine.spec.drafter import Proposal
+from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
 from app.plan import PREFILL_CHUNK
 from app.sizes import format_size

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from app.engine.sampling import Sampler
+from app.engine.generation.sampling import Sampler
 
 
 @dataclass(frozen=True)

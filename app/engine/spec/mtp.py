@@ -8,8 +8,8 @@ layer's own hidden states while drafting are dropped as soon as the drafts are o
 
 import torch
 
+from app.engine.generation.sampling import Sampler
 from app.engine.models.glm_mtp import GlmMtp
-from app.engine.sampling import Sampler
 from app.engine.spec.drafter import Proposal
 from app.errors import UserError
 from app.plan import ModelFacts, dtype_bytes

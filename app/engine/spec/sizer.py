@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from app.engine.experts import ExpertCache
+from app.engine.experts.cache import ExpertCache
 from app.engine.spec.policy import StepCosts, choose_block_size, expected_fetches
 from app.plan import Hardware
 

@@ -3,9 +3,9 @@ over several sequences drafts and accepts each, their verify blocks sharing one 
 
 import torch
 
-from app.engine.cuda_graph import graph_ready
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler
+from app.engine.generation.sampling import Sampler
+from app.engine.runner.cuda_graph import graph_ready
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.accept import accept_one_hot, accept_sampled
 from app.engine.spec.drafter import Drafter, Proposal
 from app.engine.spec.routing import prefetch_for_block

@@ -5,7 +5,7 @@ cases, and first-position acceptance ≈ 1 − TV(p, q) (p(d) for a one-hot prop
 import pytest
 import torch
 
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.spec.accept import accept_one_hot, accept_sampled
 
 TRIALS = 8000

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import GptOssForCausalLM
 
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
 from app.errors import UserError
 from tests.fixtures.tiny_dflash import write_tiny_dflash

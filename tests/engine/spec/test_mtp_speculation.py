@@ -4,9 +4,9 @@ output identical to plain decoding, and the MTP layer's own cache rewound exactl
 import pytest
 import torch
 
-from app.engine.generate import generate
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.mtp import MtpProposer, MtpSpeculation
 from app.protocol.events import Tokens

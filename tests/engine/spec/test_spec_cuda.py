@@ -5,10 +5,10 @@ device; on the GPU machine: `python -m pytest tests/engine/spec/test_spec_cuda.p
 import pytest
 import torch
 
-from app.engine.generate import generate
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder

@@ -6,9 +6,9 @@ against the target's exact distribution; route-ahead prefetch predicted before t
 import pytest
 import torch
 
-from app.engine.generate import generate
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler, SamplingParams
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.step import Speculator

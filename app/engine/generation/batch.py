@@ -3,10 +3,10 @@ while their KV caches fit the planned context. A sequence joins between steps (i
 its first token emitted) and leaves as soon as it ends or is cancelled; with speculation each drafts with a
 drafter of its own and their verify blocks share each step's pass."""
 
-from app.engine.generation import check_prompt
-from app.engine.runner import RunnerPool
-from app.engine.sampling import Sampler, SamplingParams
-from app.engine.scheduler import Scheduler, Sequence
+from app.engine.generation.checks import check_prompt
+from app.engine.generation.sampling import Sampler, SamplingParams
+from app.engine.generation.scheduler import Scheduler, Sequence
+from app.engine.runner.step_runner import RunnerPool
 from app.protocol.events import Done, Tokens
 from app.protocol.stats import GenerationStats
 

@@ -4,7 +4,7 @@ SiLU-gated MLP."""
 import torch
 import torch.nn.functional as F
 
-from app.engine.linear import Fp8Weight, linear
+from app.engine.layers.linear import Fp8Weight, linear
 from app.kernels.silu_glu import silu_glu as kernel_silu_glu
 
 

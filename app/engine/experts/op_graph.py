@@ -6,7 +6,7 @@ the step cannot be one graph (routing decides the copies on the host), but the o
 
 import torch
 
-from app.engine.cuda_graph import warm_up
+from app.engine.layers.graph_capture import warm_up
 
 
 class SingleTokenGraph:

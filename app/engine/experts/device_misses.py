@@ -13,7 +13,7 @@ the policy decides what stays, off the critical path.
 import numpy as np
 import torch
 
-from app.engine.cache_policy import DecayedUseEviction
+from app.engine.experts.cache_policy import DecayedUseEviction
 from app.kernels.expert_fetch import fetch_experts
 from app.kernels.expert_resolve import EVICTED, HITS, MISSES, Residency, resolve_experts
 from app.kernels.expert_table import columns, device_addresses, slot_table

@@ -1,7 +1,7 @@
 """The events of one answer, each made whole where it is made: its request id, and the text of its tokens
 from the tokenizer's output parser. This is the one place where token ids become text."""
 
-from app.engine.output_parser import OutputParser
+from app.engine.text.output_parser import OutputParser
 from app.protocol.events import Done, SpecStep, Tokens
 from app.protocol.kinds import StopReason
 from app.protocol.stats import GenerationStats

@@ -7,7 +7,7 @@ from pathlib import Path
 from jinja2 import TemplateError
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from app.engine.output_parser import HarmonyParser, OutputParser, PlainParser, ThinkParser
+from app.engine.text.output_parser import HarmonyParser, OutputParser, PlainParser, ThinkParser
 from app.errors import UserError
 
 THINK_TOKEN = "<think>"

@@ -15,13 +15,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from app.engine.answer_events import AnswerEvents
-from app.engine.generation import check_prompt, generation_stats, stop_reason
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler
+from app.engine.generation.checks import check_prompt, generation_stats, stop_reason
+from app.engine.generation.sampling import Sampler
+from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.drafter import Drafter, Proposal
 from app.engine.spec.sizer import BlockSizer
 from app.engine.spec.step import Speculator
+from app.engine.text.answer_events import AnswerEvents
 from app.protocol.events import Done, SpecStep, Tokens
 from app.protocol.stats import BatchStats, CacheStats, GenerationStats, SpecStats
 

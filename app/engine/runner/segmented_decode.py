@@ -6,7 +6,7 @@ routed experts to its residual and runs the layers after it up to the next one's
 routed experts (GLM's dense ones: `until_experts` gives no routing) whole (the first segment also embeds
 the token and builds the masks and rotary tables of its position); a last segment adds the last expert
 output and runs the rest, then norms and projects. Between two replays the host reads the routing, copies
-misses and runs the expert op (itself a graph, op_graph.py) through the model's `routed_experts`, as the
+misses and runs the expert op (itself a graph, experts/op_graph.py) through the model's `routed_experts`, as the
 eager forward does: the expert cache sees the same calls in the same order, look-ahead prefetch included.
 """
 
@@ -16,9 +16,10 @@ from functools import partial
 
 import torch
 
-from app.engine.cuda_graph import warm_up
-from app.engine.experts import ExpertCache, Routing
-from app.engine.kv_cache import KVCache
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.store import Routing
+from app.engine.layers.graph_capture import warm_up
+from app.engine.layers.kv_cache import KVCache
 
 
 def segments_ready(model) -> bool:

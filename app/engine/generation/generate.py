@@ -2,10 +2,10 @@
 
 from collections.abc import Iterator
 
-from app.engine.answer_events import AnswerEvents
-from app.engine.runner import StepRunner
-from app.engine.sampling import Sampler
-from app.engine.scheduler import Sequence, run_alone
+from app.engine.generation.sampling import Sampler
+from app.engine.generation.scheduler import Sequence, run_alone
+from app.engine.runner.step_runner import StepRunner
+from app.engine.text.answer_events import AnswerEvents
 from app.protocol.events import Done, Tokens
 
 

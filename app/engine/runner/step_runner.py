@@ -4,16 +4,16 @@ A pass of T tokens runs as a CUDA graph where its experts need no host work (cud
 resident, or misses served on the device), as a graph per layer around the host's expert work where they do
 (segmented_decode.py, single tokens), and eagerly otherwise (a CPU; verify blocks with experts on disk).
 Programs are captured on first use and kept for every later sequence over the same cache: a new sequence
-only empties it. After every pass the expert cache settles (experts.py).
+only empties it. After every pass the expert cache settles (experts/cache.py).
 """
 
 from collections.abc import Callable, Iterable
 
 import torch
 
-from app.engine.cuda_graph import DecodeGraph, graph_ready
-from app.engine.kv_cache import KVCache
-from app.engine.segmented_decode import SegmentedDecode, segments_ready
+from app.engine.layers.kv_cache import KVCache
+from app.engine.runner.cuda_graph import DecodeGraph, graph_ready
+from app.engine.runner.segmented_decode import SegmentedDecode, segments_ready
 from app.plan import PREFILL_CHUNK
 
 

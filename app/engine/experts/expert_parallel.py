@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import torch
 
-from app.engine.experts import OTHER_DEVICE, ExpertCache, ExpertKey, ExpertStore
+from app.engine.experts.cache import ExpertCache
+from app.engine.experts.store import OTHER_DEVICE, ExpertKey, ExpertStore
 from app.protocol.stats import CacheStats
 
 
