@@ -10,13 +10,20 @@ from app.engine.checkpoint import Checkpoint
 from app.engine.experts import ExpertCache, ExpertTensors, Routing
 from app.engine.kv_cache import KVCache
 from app.engine.layers import attend, causal_mask, finish_forward, rms_norm
-from app.engine.rope import Rotary, rotate_halves
+from app.engine.rope import Rotary
+from app.kernels.choice import triton_runs
+from app.kernels.decode_attention import decode_attention
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
+from app.kernels.norms import add_rms_norm_op
+from app.kernels.rotary_cache import rotary_cache_write_op
+from app.kernels.router import top_k_router_op
 
 
 class AttentionContext(NamedTuple):
-    """Masks per window (None: full attention) [T, L], cos and sin [T, head_dim / 2] of a pass's positions."""
+    """A pass's positions [T], masks per window (None: full attention) [T, L] (none for a single token where the
+    decode attention kernel runs), cos and sin [T, head_dim / 2] of its positions."""
 
+    positions: torch.Tensor
     masks: dict[int | None, torch.Tensor]
     cos: torch.Tensor
     sin: torch.Tensor
@@ -144,6 +151,11 @@ class GptOss:
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
         self.run_experts = gpt_oss_expert_op(device, c.swiglu_limit, c.swiglu_alpha)
+        # fused kernels where Triton runs, their torch references elsewhere: fewer launches per decode step
+        self.add_norm = add_rms_norm_op(device)
+        self.rotary_write = rotary_cache_write_op(device)
+        self.route = top_k_router_op(device)
+        self.decode_attention = decode_attention if triton_runs(device) else None
         self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
 
     def new_kv_cache(self, capacity: int) -> KVCache:
@@ -163,31 +175,36 @@ class GptOss:
         """
         cache.check_room(len(token_ids))
         x, context = self.embed[token_ids], self.attention_context(len(token_ids), cache)
-        outputs = {}
+        outputs, expert_output = {}, None
         for index in range(len(self.layers)):
-            x, routing = self.until_experts(index, x, context, cache)
-            x = x + self.routed_experts(index, routing)
+            x, routing = self.until_experts(index, x, context, cache, expert_output)
+            expert_output = self.routed_experts(index, routing)
             if index in capture:
-                outputs[index] = x
+                outputs[index] = x + expert_output
         cache.advance(len(token_ids))
-        return finish_forward(self, x, outputs, capture, last_only)
+        return finish_forward(self, x + expert_output, outputs, capture, last_only)
 
     def attention_context(self, num_tokens: int, cache: KVCache) -> AttentionContext:
         """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         positions = cache.positions(num_tokens)
-        masks = {window: causal_mask(positions, cache.num_rows(num_tokens), window)
-                 for window in (None, self.config.sliding_window)}
-        return AttentionContext(masks, *self.rotary.cos_sin(positions, self.dtype))
+        masks = {} if self._attends_in_kernel(num_tokens) else {
+            window: causal_mask(positions, cache.num_rows(num_tokens), window)
+            for window in (None, self.config.sliding_window)}
+        return AttentionContext(positions, masks, *self.rotary.cos_sin(positions, self.dtype))
 
-    def until_experts(self, index: int, x: torch.Tensor, context: AttentionContext,
-                      cache: KVCache) -> tuple[torch.Tensor, Routing]:
-        """Layer `index` up to its routed experts: its input x [T, H] -> the residual after attention
-        [T, H] and the routing of its normed copy. The layer's output is the residual plus
-        `routed_experts(index, routing)`; the decode step of segmented_decode.py captures this part."""
-        layer = self.layers[index]
-        x = x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
-                                *context, cache)
-        return x, self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+    def until_experts(self, index: int, x: torch.Tensor, context: AttentionContext, cache: KVCache,
+                      expert_output: torch.Tensor | None = None) -> tuple[torch.Tensor, Routing]:
+        """Layer `index` up to its routed experts: its input x [T, H] (plus the previous layer's `expert_output`,
+        added together with this layer's norm) -> the residual after attention [T, H] and the routing of its
+        normed copy. The layer's output is the residual plus `routed_experts(index, routing)`; the decode step
+        of segmented_decode.py captures this part."""
+        layer, eps = self.layers[index], self.config.rms_norm_eps
+        if expert_output is None:
+            normed = rms_norm(x, layer["input_norm"], eps)
+        else:
+            x, normed = self.add_norm(x, expert_output, layer["input_norm"], eps)
+        x, normed = self.add_norm(x, self._attention(index, layer, normed, context, cache), layer["post_norm"], eps)
+        return x, self._routing(index, layer, normed)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         """The weighted sum [T, H] of the experts `routing` picked (host work when experts are offloaded)."""
@@ -207,14 +224,14 @@ class GptOss:
             contexts.append(self.attention_context(len(block), cache))
         bounds = torch.tensor([0, *(len(block) for block in blocks)]).cumsum(0).tolist()
         x = self.embed[torch.cat(blocks)]
-        outputs = {}
+        outputs, eps = {}, self.config.rms_norm_eps
         for index, layer in enumerate(self.layers):
-            normed = rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
-            x = x + torch.cat([self._attention(index, layer, normed[start:end], *context, cache)
-                               for start, end, context, cache in zip(bounds[:-1], bounds[1:], contexts, caches,
-                                                                     strict=True)])
-            routing = self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
-            x = x + self.routed_experts(index, routing)
+            normed = rms_norm(x, layer["input_norm"], eps)
+            attended = torch.cat([self._attention(index, layer, normed[start:end], context, cache)
+                                  for start, end, context, cache in zip(bounds[:-1], bounds[1:], contexts, caches,
+                                                                        strict=True)])
+            x, normed = self.add_norm(x, attended, layer["post_norm"], eps)
+            x = x + self.routed_experts(index, self._routing(index, layer, normed))
             if index in capture:
                 outputs[index] = x
         for block, cache in zip(blocks, caches, strict=True):
@@ -228,35 +245,41 @@ class GptOss:
         embedded = self.embed[token_ids]
         return {
             index: self._route(self.layers[index],
-                               rms_norm(embedded, self.layers[index]["post_norm"], self.config.rms_norm_eps)).indices
+                               rms_norm(embedded, self.layers[index]["post_norm"], self.config.rms_norm_eps))[0]
             for index in layers
         }
 
-    def _attention(self, index, layer, x, masks, cos, sin, cache: KVCache) -> torch.Tensor:
+    def _attends_in_kernel(self, num_tokens: int) -> bool:
+        return num_tokens == 1 and self.decode_attention is not None
+
+    def _attention(self, index, layer, x, context: AttentionContext, cache: KVCache) -> torch.Tensor:
         c = self.config
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         qkv = torch.addmm(layer["qkv_bias"], x, layer["qkv"].T).unflatten(-1, (heads + 2 * kv_heads, c.head_dim))
-        rotated = rotate_halves(qkv[:, : heads + kv_heads], cos, sin)  # queries and keys in one pass
-        q, k, v = rotated[:, :heads], rotated[:, heads:], qkv[:, heads + kv_heads :]
-        keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
+        keys, values = cache.layer_rows(index, "k"), cache.layer_rows(index, "v")  # [capacity, kv_heads, d]
+        q = self.rotary_write(qkv, context.cos, context.sin, context.positions, keys, values)
         window = c.sliding_window if c.layer_types[index] == "sliding_attention" else None
-        out = attend(q, keys, values, masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
+        if self._attends_in_kernel(len(x)):
+            out = self.decode_attention(q, keys, values, context.positions, c.head_dim**-0.5, layer["sinks"], window)
+        else:
+            rows = cache.num_rows(len(x))
+            out = attend(q, keys[:rows], values[:rows], context.masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
         return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
 
     def _routing(self, index, layer, x) -> Routing:
         if self.routing_override is None:
-            top_logits, top_experts = self._route(layer, x)
+            top_experts, top_weights = self._route(layer, x)
         else:  # the router's logits weight the experts chosen for it
             top_experts = self.routing_override.experts(index, len(x))
-            top_logits = self._router_logits(layer, x).gather(1, top_experts)
+            top_weights = torch.softmax(self._router_logits(layer, x).gather(1, top_experts), dim=-1)
         predictions = {
-            later: self._route(self.layers[later], x).indices for later in self.experts.lookahead_layers(index, len(x))
+            later: self._route(self.layers[later], x)[0] for later in self.experts.lookahead_layers(index, len(x))
         }
-        return Routing(x, top_experts, torch.softmax(top_logits, dim=-1), predictions)
+        return Routing(x, top_experts, top_weights, predictions)
 
-    def _route(self, layer, x):
-        """The router's top-k (values, indices) [T, k] for normed hidden states x [T, H]."""
-        return torch.topk(self._router_logits(layer, x), self.config.num_experts_per_tok, dim=-1)
+    def _route(self, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's top-k experts and their softmax weights [T, k] for normed hidden states x [T, H]."""
+        return self.route(x, layer["router"], layer["router_bias"], self.config.num_experts_per_tok)
 
     def _router_logits(self, layer, x) -> torch.Tensor:
         return torch.addmm(layer["router_bias"], x, layer["router"].T)  # [T, E]
