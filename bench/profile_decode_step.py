@@ -1,12 +1,15 @@
-"""Where a fully resident decode step's time goes: the kernels of one token of synthetic GLM-4.5-Air-FP8, by name.
+"""Where a fully resident decode step's time goes: the kernels of one token, by name, of synthetic GLM-4.5-Air-FP8
+or gpt-oss-20b.
 
-    python bench/profile_decode_step.py OUT.json [--layers 4] [--prompt 512] [--steps 20]
+    python bench/profile_decode_step.py OUT.json [--model glm|gpt-oss-20b] [--layers 4] [--prompt 512] [--steps 20]
 
 Fully resident, the decode step is one CUDA graph (cuda_graph.DecodeGraph) and runs well below the HBM floor
-(bench/NOTES.md): this says which kernels fill it. The checkpoint is bench/decode_glm.py's (published shapes,
-random dense weights, routed experts as zeros) with --layers layers, which scales every per-layer figure alike.
-Written: the graph step's wall time per token, and per kernel name the GPU time per token summed over the
-eager step's launches (torch.profiler; the same kernels the graph replays), longest first.
+(bench/NOTES.md): this says which kernels fill it. The checkpoint is bench/decode_glm.py's or
+bench/decode_gpt_oss.py's (published shapes, random dense weights) with --layers layers, which scales every
+per-layer figure alike. Written: the graph step's wall time per token; per kernel name the GPU time per token
+summed over the eager step's launches (torch.profiler; the same kernels the graph replays), longest first; and
+the launches per layer: the eager step's launches less those of a step over the first half of the layers, per
+layer of the other half.
 """
 
 import argparse
@@ -25,19 +28,50 @@ from app.engine.loader import load_model
 from app.engine.runner.cuda_graph import DecodeGraph
 from app.engine.runner.step_runner import prefill
 from app.model_folder import ModelFolder
-from bench.decode_gpt_oss import machine
+from bench.decode_gpt_oss import SHAPES, machine
 from tests.fixtures.tiny_glm import GLM_4_5_AIR_FP8_CONFIG, write_real_size_glm
+from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
+
+
+def write_checkpoint(folder: Path, model: str, layers: int) -> str:
+    """The synthetic checkpoint of `model` with `layers` layers (kept where one is already); returns its
+    description."""
+    if model == "glm" and not (folder / "config.json").exists():
+        write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": layers})
+    elif not (folder / "config.json").exists():
+        write_tiny_gpt_oss(folder, scale_exponents=(116, 119), num_hidden_layers=layers, num_local_experts=32,
+                           **SHAPES)
+    return f"synthetic {'GLM-4.5-Air-FP8' if model == 'glm' else model}, {layers} layers"
+
+
+def eager_kernels(model, cache, steps: int) -> list[tuple[str, float, float]]:
+    """(kernel name, GPU µs per token, launches per token) of eager decode steps, longest first."""
+    def eager_step(token: int) -> None:
+        model.forward(torch.tensor([token], device=model.device), cache)
+        cache.truncate(cache.length - 1)  # every step at the same position
+
+    eager_step(0)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for token in range(steps):
+            eager_step(token)
+        torch.cuda.synchronize()
+    kernels = [event for event in trace.key_averages() if event.device_time_total > 0]
+    return sorted(((event.key, event.device_time_total / steps, event.count / steps) for event in kernels),
+                  key=lambda row: -row[1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
+    parser.add_argument("--model", choices=("glm", "gpt-oss-20b"), default="glm")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--folder", help="where the checkpoint is (written there first if it is not)")
     args = parser.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="glm-", dir="/tmp"))
-    write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": args.layers})
+    folder = Path(args.folder or tempfile.mkdtemp(prefix=f"{args.model}-", dir="/tmp"))
+    description = write_checkpoint(folder, args.model, args.layers)
     context = args.prompt + 2 * args.steps + 8
     loaded = load_model(ModelFolder.open(folder), device="cuda", dtype="bfloat16", context=context)
     model = loaded.model
@@ -53,30 +87,25 @@ def main() -> None:
     torch.cuda.synchronize()
     graph_s = (time.perf_counter() - started) / args.steps
 
-    def eager_step(token: int) -> None:
-        model.forward(torch.tensor([token], device=model.device), cache)
-
-    eager_step(0)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        for token in range(args.steps):
-            eager_step(token)
-        torch.cuda.synchronize()
-    kernels = [event for event in trace.key_averages() if event.device_time_total > 0]
-    per_token = sorted(((event.key, event.device_time_total / args.steps, event.count / args.steps)
-                        for event in kernels), key=lambda row: -row[1])
+    per_token = eager_kernels(model, cache, args.steps)
+    launches = sum(n for _, _, n in per_token)
+    all_layers, half = model.layers, args.layers // 2
+    model.layers = all_layers[:half]
+    launches_of_half = sum(n for _, _, n in eager_kernels(model, cache, args.steps))
+    model.layers = all_layers
     total_us = sum(us for _, us, _ in per_token)
     report = {
-        "command": " ".join(sys.argv), "machine": machine(),
-        "model": f"synthetic GLM-4.5-Air-FP8, {args.layers} layers",
+        "command": " ".join(sys.argv), "machine": machine(), "model": description,
         "prompt": args.prompt, "dense_fp8_kept": loaded.facts.fp8_kept,
         "graph_step_us": graph_s * 1e6, "graph_step_us_per_layer": graph_s * 1e6 / args.layers,
-        "eager_kernel_us_per_token": total_us, "eager_launches_per_token": sum(n for _, _, n in per_token),
+        "eager_kernel_us_per_token": total_us, "eager_launches_per_token": launches,
+        "launches_per_layer": (launches - launches_of_half) / (args.layers - half),
         "kernels": [{"name": name[:160], "us_per_token": us, "launches_per_token": n} for name, us, n in per_token],
     }
     Path(args.out).write_text(json.dumps(report, indent=2))
     print(f"graph step {graph_s * 1e6:.0f} us ({graph_s * 1e6 / args.layers:.0f} per layer); "
-          f"eager kernels {total_us:.0f} us in {report['eager_launches_per_token']:.0f} launches per token")
+          f"eager kernels {total_us:.0f} us in {launches:.0f} launches per token, "
+          f"{report['launches_per_layer']:.1f} per layer")
     for name, us, n in per_token[:25]:
         print(f"{us:9.1f} us {n:6.1f}x  {name[:110]}")
 

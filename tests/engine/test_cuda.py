@@ -60,3 +60,18 @@ def test_first_logits_match_the_cpu_engine(tiny_gpt_oss):
         expected = cpu_model.forward(ids, cpu_model.new_kv_cache(64))
         got = gpu_model.forward(ids.cuda(), gpu_model.new_kv_cache(64)).cpu()
     assert (got - expected).abs().max() <= 1e-2 * expected.abs().max()
+
+
+def test_bf16_graph_decode_matches_the_eager_forward(tiny_gpt_oss):
+    """The decode graph (fused layer kernels, single-token expert op) replays exactly what eager passes compute."""
+    loaded = load_model(ModelFolder.open(tiny_gpt_oss), device="cuda", dtype="bfloat16", context=64)
+    graph_tokens, _ = greedy_with_stats(loaded, PROMPT, 16)
+    model = loaded.model
+    cache = model.new_kv_cache(64)
+    with torch.inference_mode():
+        logits = model.forward(torch.tensor(PROMPT, device="cuda"), cache, last_only=True)
+        eager_tokens = []
+        for _ in range(16):
+            eager_tokens.append(int(logits[-1].argmax()))
+            logits = model.forward(torch.tensor(eager_tokens[-1:], device="cuda"), cache)
+    assert graph_tokens == eager_tokens

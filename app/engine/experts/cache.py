@@ -16,6 +16,7 @@ from app.engine.experts.device_misses import DEVICE_PASS_MAX_TOKENS, DeviceMisse
 from app.engine.experts.op_graph import SingleTokenGraph
 from app.engine.experts.store import OTHER_DEVICE, ExpertKey, ExpertStore, ExpertTensors
 from app.kernels.expert_op import ExpertOp
+from app.kernels.resident_slots import resident_slots_op
 from app.protocol.stats import CacheStats
 
 PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for prefill chunks
@@ -56,6 +57,7 @@ class ExpertCache:
         self._copied: dict[int, torch.cuda.Event] = {}
         self._released: dict[int, torch.cuda.Event] = {}
         self._resident_uses = torch.zeros((), dtype=torch.long, device=device)
+        self._resident_slots = resident_slots_op(device)
         self._single_token_graphs: dict[tuple, SingleTokenGraph] = {}
         self.stats = CacheStats()
 
@@ -165,8 +167,7 @@ class ExpertCache:
         layer's kernel is queued.
         """
         if self.complete:
-            self._count_resident_uses(top_experts)
-            return experts_fn(hidden, self.arenas, self.slot_table[layer][top_experts], top_weights)
+            return experts_fn(hidden, self.arenas, self._slots_of_resident(layer, top_experts), top_weights)
         if self.device_misses is not None and len(hidden) <= DEVICE_PASS_MAX_TOKENS:
             return self.device_misses.run(layer, hidden, top_experts, top_weights, experts_fn)
         layers = sorted(predictions or {})
@@ -227,12 +228,13 @@ class ExpertCache:
             self.stats.hits = int(self._resident_uses)
         return replace(self.stats)
 
-    def _count_resident_uses(self, top_experts: torch.Tensor) -> None:
-        if len(top_experts) == 1:  # one token's top-k are distinct experts: only OTHER_DEVICE repeats
-            self._resident_uses += (top_experts != OTHER_DEVICE).sum()
-            return
+    def _slots_of_resident(self, layer: int, top_experts: torch.Tensor) -> torch.Tensor:
+        """The slots [T, k] of a layer's picks when every expert is resident, counting the experts used."""
+        if len(top_experts) == 1:  # one token's top-k are distinct experts: only OTHER_DEVICE (no slot) repeats
+            return self._resident_slots(self.slot_table[layer], top_experts, self._resident_uses)
         used = torch.zeros(self.store.num_experts + 1, dtype=torch.long, device=top_experts.device)
         self._resident_uses += used.index_fill_(0, top_experts.flatten(), 1)[:-1].sum()  # OTHER_DEVICE is last
+        return self.slot_table[layer][top_experts]
 
     def _score_prediction(self, layer: int, used: list[int]) -> None:
         predicted = self._predicted.pop(layer, None)

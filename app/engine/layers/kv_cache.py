@@ -53,6 +53,11 @@ class KVCache:
         """How many rows `update` returns when T new tokens are written."""
         return self.capacity if self.static_positions is not None else self.length + num_tokens
 
+    def layer_rows(self, layer: int, name: str) -> torch.Tensor:
+        """Every row [capacity, ...] of a layer's entry, for kernels that write the new rows at `positions`
+        themselves (attention then reads the first `num_rows`)."""
+        return self.buffers[name][layer]
+
     def update(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
         """Write values [T, ...] after the committed rows; return rows [0, length + T) (all rows
         with static positions)."""

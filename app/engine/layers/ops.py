@@ -1,16 +1,10 @@
-"""Building blocks shared by the model files: RMSNorm, attention masks, attention with optional sinks, the
-SiLU-gated MLP."""
+"""Building blocks shared by the model files: RMSNorm (app/kernels/norms.py), attention masks, attention with
+optional sinks, the SiLU-gated MLP."""
 
 import torch
-import torch.nn.functional as F
 
 from app.engine.layers.linear import Fp8Weight, linear
 from app.kernels.silu_glu import silu_glu as kernel_silu_glu
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalise in float32, scale, return in x's dtype (one fused kernel where torch has one)."""
-    return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
 
 
 def causal_mask(query_positions: torch.Tensor, num_keys: int, window: int | None) -> torch.Tensor:

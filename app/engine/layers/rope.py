@@ -1,9 +1,11 @@
-"""Rotary position embeddings: plain and YaRN frequencies, rotation by halves (whole or partial) or by
-interleaved pairs."""
+"""Rotary position embeddings: plain and YaRN frequencies, rotation by halves (whole or partial:
+app/kernels/rotary_cache.py) or by interleaved pairs."""
 
 import math
 
 import torch
+
+from app.kernels.rotary_cache import rotate_halves
 
 
 def rope_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
@@ -59,15 +61,6 @@ class Rotary:
         """positions [T] -> cos, sin [T, rotary_dim / 2]."""
         angles = positions.float()[:, None] * self.inv_freq
         return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
-
-
-def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, d], cos/sin [T, r/2]: the first r dims of each head rotate by halves (r < d is partial
-    RoPE), the rest pass through."""
-    rotary = 2 * cos.shape[-1]
-    first, second = x[..., :rotary].chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat((first * cos - second * sin, second * cos + first * sin, x[..., rotary:]), dim=-1)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

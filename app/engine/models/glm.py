@@ -17,13 +17,14 @@ from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import ExpertTensors, Routing
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import Fp8Weight, load_linear
-from app.engine.layers.ops import causal_mask, rms_norm, silu_glu
+from app.engine.layers.ops import causal_mask, silu_glu
 from app.engine.layers.rope import Rotary
 from app.engine.models.glm_mtp import GlmMtp
 from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
 from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
+from app.kernels.norms import rms_norm
 
 
 @dataclass(frozen=True)
@@ -191,8 +192,8 @@ class RoutedMoe:
 class GlmLayer:
     """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream.
 
-    A layer runs in the parts of the model interface (moe_decoder.py): `with_attention`, `until_routed` (the
-    dense MLP or the MoE's shared expert and router) and `with_routed_experts` (the MoE's routed experts).
+    A layer runs in the parts of the model interface (moe_decoder.py): attention, `until_routed` (the dense MLP
+    or the MoE's shared expert and router) and `with_routed_experts` (the MoE's routed experts).
     """
 
     def __init__(self, model: "GlmModel", index: int, cache_layer: int):
@@ -209,10 +210,8 @@ class GlmLayer:
         self.mlp = self.moe.shared if self.moe is not None else DenseMlp(model, prefix + "mlp.", c.intermediate_size)
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        return self.with_routed_experts(*self.until_routed(self.with_attention(x, step, cache)))
-
-    def with_attention(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        return x + self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
+        return self.with_routed_experts(*self.until_routed(x + self.attention(rms_norm(x, self.input_norm, self.eps),
+                                                                              step, cache)))
 
     def with_routed_experts(self, residual: torch.Tensor, routing: Routing | None) -> torch.Tensor:
         return residual if routing is None else residual + self.moe.routed(routing)
@@ -275,11 +274,16 @@ class GlmModel(MoeDecoder):
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         return Step(positions, cos, sin, causal_mask(positions, cache.num_rows(num_tokens), None))
 
-    def with_attention(self, index: int, x: torch.Tensor, context: Step, cache: KVCache) -> torch.Tensor:
-        return self.layers[index].with_attention(x, context, cache)
+    def input_norm(self, index: int, x: torch.Tensor,
+                   expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x if expert_output is None else x + expert_output
+        return x, rms_norm(x, self.layers[index].input_norm, self.config.rms_norm_eps)
 
-    def until_routed(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        return self.layers[index].until_routed(x)
+    def attend(self, index: int, normed: torch.Tensor, context: Step, cache: KVCache) -> torch.Tensor:
+        return self.layers[index].attention(normed, context, cache)
+
+    def until_routed(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        return self.layers[index].until_routed(x + attended)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         """The weighted sum [T, H] of the experts `routing` picked for MoE layer `index`."""

@@ -8,9 +8,10 @@ import torch
 
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import Fp8Weight, linear
-from app.engine.layers.ops import attend, rms_norm
+from app.engine.layers.ops import attend
 from app.engine.layers.rope import rotate_halves
 from app.engine.models.glm import GlmConfig, GlmModel, Step
+from app.kernels.norms import rms_norm
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import torch
 
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
-from app.engine.layers.ops import rms_norm
+from app.kernels.norms import rms_norm
 
 
 class GlmMtp:

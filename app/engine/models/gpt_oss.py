@@ -9,16 +9,23 @@ import torch
 from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import ExpertTensors, Routing
 from app.engine.layers.kv_cache import KVCache
-from app.engine.layers.ops import attend, causal_mask, rms_norm
-from app.engine.layers.rope import Rotary, rotate_halves
+from app.engine.layers.ops import attend, causal_mask
+from app.engine.layers.rope import Rotary
 from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.weights.checkpoint import Checkpoint
+from app.kernels.choice import triton_runs
+from app.kernels.decode_attention import decode_attention
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
+from app.kernels.norms import add_rms_norm_op, rms_norm
+from app.kernels.rotary_cache import rotary_cache_write_op
+from app.kernels.router import top_k_router_op
 
 
 class AttentionContext(NamedTuple):
-    """Masks per window (None: full attention) [T, L], cos and sin [T, head_dim / 2] of a pass's positions."""
+    """A pass's positions [T], masks per window (None: full attention) [T, L] (none for a single token where the
+    decode attention kernel runs), cos and sin [T, head_dim / 2] of its positions."""
 
+    positions: torch.Tensor
     masks: dict[int | None, torch.Tensor]
     cos: torch.Tensor
     sin: torch.Tensor
@@ -147,6 +154,11 @@ class GptOss(MoeDecoder):
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, device)
         self.run_experts = gpt_oss_expert_op(device, c.swiglu_limit, c.swiglu_alpha,
                                              mxfp4="gate_up_proj_blocks" in experts.arenas)
+        # fused kernels where Triton runs, their torch references elsewhere: fewer launches per decode step
+        self.add_norm = add_rms_norm_op(device)
+        self.rotary_write = rotary_cache_write_op(device)
+        self.route = top_k_router_op(device)
+        self.decode_attention = decode_attention if triton_runs(device) else None
         self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
 
     def new_kv_cache(self, capacity: int) -> KVCache:
@@ -157,18 +169,25 @@ class GptOss(MoeDecoder):
     def attention_context(self, num_tokens: int, cache: KVCache) -> AttentionContext:
         """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         positions = cache.positions(num_tokens)
-        masks = {window: causal_mask(positions, cache.num_rows(num_tokens), window)
-                 for window in (None, self.config.sliding_window)}
-        return AttentionContext(masks, *self.rotary.cos_sin(positions, self.dtype))
+        masks = {} if self._attends_in_kernel(num_tokens) else {
+            window: causal_mask(positions, cache.num_rows(num_tokens), window)
+            for window in (None, self.config.sliding_window)}
+        return AttentionContext(positions, masks, *self.rotary.cos_sin(positions, self.dtype))
 
-    def with_attention(self, index: int, x: torch.Tensor, context: AttentionContext, cache: KVCache) -> torch.Tensor:
+    def input_norm(self, index: int, x: torch.Tensor,
+                   expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         layer = self.layers[index]
-        return x + self._attention(index, layer, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps),
-                                   *context, cache)
+        if expert_output is None:
+            return x, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
+        return self.add_norm(x, expert_output, layer["input_norm"], self.config.rms_norm_eps)
 
-    def until_routed(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, Routing]:
+    def attend(self, index: int, normed: torch.Tensor, context: AttentionContext, cache: KVCache) -> torch.Tensor:
+        return self._attention(index, self.layers[index], normed, context, cache)
+
+    def until_routed(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing]:
         layer = self.layers[index]
-        return x, self._routing(index, layer, rms_norm(x, layer["post_norm"], self.config.rms_norm_eps))
+        x, normed = self.add_norm(x, attended, layer["post_norm"], self.config.rms_norm_eps)
+        return x, self._routing(index, layer, normed)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         """The weighted sum [T, H] of the experts `routing` picked (host work when experts are offloaded)."""
@@ -177,33 +196,39 @@ class GptOss(MoeDecoder):
 
     def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
         layer = self.layers[index]
-        return self._route(layer, rms_norm(embedded, layer["post_norm"], self.config.rms_norm_eps)).indices
+        return self._route(layer, rms_norm(embedded, layer["post_norm"], self.config.rms_norm_eps))[0]
 
-    def _attention(self, index, layer, x, masks, cos, sin, cache: KVCache) -> torch.Tensor:
+    def _attends_in_kernel(self, num_tokens: int) -> bool:
+        return num_tokens == 1 and self.decode_attention is not None
+
+    def _attention(self, index, layer, x, context: AttentionContext, cache: KVCache) -> torch.Tensor:
         c = self.config
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
         qkv = torch.addmm(layer["qkv_bias"], x, layer["qkv"].T).unflatten(-1, (heads + 2 * kv_heads, c.head_dim))
-        rotated = rotate_halves(qkv[:, : heads + kv_heads], cos, sin)  # queries and keys in one pass
-        q, k, v = rotated[:, :heads], rotated[:, heads:], qkv[:, heads + kv_heads :]
-        keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
+        keys, values = cache.layer_rows(index, "k"), cache.layer_rows(index, "v")  # [capacity, kv_heads, d]
+        q = self.rotary_write(qkv, context.cos, context.sin, context.positions, keys, values)
         window = c.sliding_window if c.layer_types[index] == "sliding_attention" else None
-        out = attend(q, keys, values, masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
+        if self._attends_in_kernel(len(x)):
+            out = self.decode_attention(q, keys, values, context.positions, c.head_dim**-0.5, layer["sinks"], window)
+        else:
+            rows = cache.num_rows(len(x))
+            out = attend(q, keys[:rows], values[:rows], context.masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
         return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
 
     def _routing(self, index, layer, x) -> Routing:
         if self.routing_override is None:
-            top_logits, top_experts = self._route(layer, x)
+            top_experts, top_weights = self._route(layer, x)
         else:  # the router's logits weight the experts chosen for it
             top_experts = self.routing_override.experts(index, len(x))
-            top_logits = self._router_logits(layer, x).gather(1, top_experts)
+            top_weights = torch.softmax(self._router_logits(layer, x).gather(1, top_experts), dim=-1)
         predictions = {
-            later: self._route(self.layers[later], x).indices for later in self.experts.lookahead_layers(index, len(x))
+            later: self._route(self.layers[later], x)[0] for later in self.experts.lookahead_layers(index, len(x))
         }
-        return Routing(x, top_experts, torch.softmax(top_logits, dim=-1), predictions)
+        return Routing(x, top_experts, top_weights, predictions)
 
-    def _route(self, layer, x):
-        """The router's top-k (values, indices) [T, k] for normed hidden states x [T, H]."""
-        return torch.topk(self._router_logits(layer, x), self.config.num_experts_per_tok, dim=-1)
+    def _route(self, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
+        """The router's top-k experts and their softmax weights [T, k] for normed hidden states x [T, H]."""
+        return self.route(x, layer["router"], layer["router_bias"], self.config.num_experts_per_tok)
 
     def _router_logits(self, layer, x) -> torch.Tensor:
         return torch.addmm(layer["router_bias"], x, layer["router"].T)  # [T, E]

@@ -1,11 +1,12 @@
 """The engine's model interface: a decoder of MoE layers over the shared expert cache, which everything that runs
 a model (runner, segmented decode, scheduler, speculation) calls and nothing else.
 
-A layer runs in two parts: `until_experts` (attention added to the residual, then whatever runs on every token
-beside the routed experts, and the router's choice: no host work, so a CUDA graph can hold it) and the routed
-experts (`routed_experts`, which may need the host while experts are offloaded). The passes (`forward`,
-`forward_batch`) and the look-ahead's guess from the embedding are built from those parts here, once; an
-architecture gives the parts.
+A layer runs in two parts: `until_experts` (its input norm, which also adds the previous layer's routed experts,
+attention, then whatever runs on every token beside the routed experts, and the router's choice: no host work, so
+a CUDA graph can hold it) and the routed experts (`routed_experts`, which may need the host while experts are
+offloaded). Adding a layer's routed experts in the next layer's norm lets an architecture fuse the two. The
+passes (`forward`, `forward_batch`) and the look-ahead's guess from the embedding are built from those parts here,
+once; an architecture gives the parts.
 """
 
 import torch
@@ -14,7 +15,7 @@ from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import Routing
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
-from app.engine.layers.ops import rms_norm
+from app.kernels.norms import rms_norm
 
 
 class MoeDecoder:
@@ -34,13 +35,20 @@ class MoeDecoder:
         """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         raise NotImplementedError
 
-    def with_attention(self, index: int, x: torch.Tensor, context, cache: KVCache) -> torch.Tensor:
-        """Layer `index`'s input x [T, H] -> the residual after its attention [T, H]."""
+    def input_norm(self, index: int, x: torch.Tensor,
+                   expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s input x [T, H] plus the previous layer's routed experts (None: nothing to add) -> (that
+        sum, its norm for attention)."""
         raise NotImplementedError
 
-    def until_routed(self, index: int, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        """The residual after attention x [T, H] -> (plus what runs beside the routed experts [T, H], their
-        routing); a dense layer's routing is None and its first value is the layer's output."""
+    def attend(self, index: int, normed: torch.Tensor, context, cache: KVCache) -> torch.Tensor:
+        """Layer `index`'s attention output [T, H] for its normed input [T, H] (one sequence, over its cache)."""
+        raise NotImplementedError
+
+    def until_routed(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        """The layer's input x [T, H] and attention output -> (the residual with attention and what runs beside
+        the routed experts [T, H], their routing); a dense layer's routing is None and its first value is the
+        layer's output."""
         raise NotImplementedError
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
@@ -55,11 +63,13 @@ class MoeDecoder:
         """The architecture's multi-token-prediction layer as a drafter, None where it has none."""
         return None
 
-    def until_experts(self, index: int, x: torch.Tensor, context,
-                      cache: KVCache) -> tuple[torch.Tensor, Routing | None]:
-        """Layer `index` up to its routed experts: its input x [T, H] -> (its output but the routed experts, their
-        routing); segmented_decode.py captures this part."""
-        return self.until_routed(index, self.with_attention(index, x, context, cache))
+    def until_experts(self, index: int, x: torch.Tensor, context, cache: KVCache,
+                      expert_output: torch.Tensor | None = None) -> tuple[torch.Tensor, Routing | None]:
+        """Layer `index` up to its routed experts: its input x [T, H] (plus `expert_output`, the previous layer's
+        routed experts) -> (its output but the routed experts, their routing); segmented_decode.py captures this
+        part."""
+        x, normed = self.input_norm(index, x, expert_output)
+        return self.until_routed(index, x, self.attend(index, normed, context, cache))
 
     def forward(
         self, token_ids: torch.Tensor, cache: KVCache, last_only: bool = False, capture: tuple[int, ...] = ()
@@ -73,14 +83,15 @@ class MoeDecoder:
         """
         cache.check_room(len(token_ids))
         context = self.attention_context(len(token_ids), cache)
-        x = self.embed[token_ids]
+        x, pending = self.embed[token_ids], None
         outputs = {}
         for index in range(len(self.layers)):
-            x = self._with_routed_experts(index, *self.until_experts(index, x, context, cache))
+            x, routing = self.until_experts(index, x, context, cache, pending)
+            pending = self._routed_or_none(index, routing)
             if index in capture:
-                outputs[index] = x
+                outputs[index] = _plus(x, pending)
         cache.advance(len(token_ids))
-        return self.finish(x, outputs, capture, last_only)
+        return self.finish(_plus(x, pending), outputs, capture, last_only)
 
     def forward_batch(
         self, blocks: list[torch.Tensor], caches: list[KVCache], capture: tuple[int, ...] = ()
@@ -95,17 +106,19 @@ class MoeDecoder:
             contexts.append(self.attention_context(len(block), cache))
         bounds = torch.tensor([0, *(len(block) for block in blocks)]).cumsum(0).tolist()
         rows = list(zip(bounds[:-1], bounds[1:], contexts, caches, strict=True))
-        x = self.embed[torch.cat(blocks)]
+        x, pending = self.embed[torch.cat(blocks)], None
         outputs = {}
         for index in range(len(self.layers)):
-            x = torch.cat([self.with_attention(index, x[start:end], context, cache)
-                           for start, end, context, cache in rows])
-            x = self._with_routed_experts(index, *self.until_routed(index, x))
+            x, normed = self.input_norm(index, x, pending)
+            attended = torch.cat([self.attend(index, normed[start:end], context, cache)
+                                  for start, end, context, cache in rows])
+            x, routing = self.until_routed(index, x, attended)
+            pending = self._routed_or_none(index, routing)
             if index in capture:
-                outputs[index] = x
+                outputs[index] = _plus(x, pending)
         for block, cache in zip(blocks, caches, strict=True):
             cache.advance(len(block))
-        return self.finish(x, outputs, capture, last_only=False)
+        return self.finish(_plus(x, pending), outputs, capture, last_only=False)
 
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] that each of `layers` would pick for token_ids [T] if nothing but the token
@@ -126,5 +139,9 @@ class MoeDecoder:
             return logits
         return logits, torch.cat([outputs[index] for index in capture], dim=-1)
 
-    def _with_routed_experts(self, index: int, x: torch.Tensor, routing: Routing | None) -> torch.Tensor:
-        return x if routing is None else x + self.routed_experts(index, routing)
+    def _routed_or_none(self, index: int, routing: Routing | None) -> torch.Tensor | None:
+        return None if routing is None else self.routed_experts(index, routing)
+
+
+def _plus(x: torch.Tensor, expert_output: torch.Tensor | None) -> torch.Tensor:
+    return x if expert_output is None else x + expert_output

@@ -1,0 +1,39 @@
+"""RMSNorm, alone or after a residual add, as a decoder layer runs it between its attention and its MLP.
+
+`add_rms_norm` runs the Triton kernel of norms_triton.py (one launch for the add, the sum of squares and the
+scaled output); `add_rms_norm_torch` is the reference with the same signature; `add_rms_norm_op` picks one for
+a device.
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from app.kernels.choice import kernel_or_reference
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise in float32, scale, return in x's dtype (one fused kernel where torch has one)."""
+    return F.rms_norm(x.float(), weight.shape, weight.float(), eps).to(x.dtype)
+
+
+def add_rms_norm_torch(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x, delta [T, H] -> (x + delta, rms_norm(x + delta)), both in x's dtype."""
+    total = x + delta
+    return total, rms_norm(total, weight, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_rms_norm_torch` in one Triton launch."""
+    from app.kernels.norms_triton import run_add_rms_norm  # Triton exists on Linux only
+
+    return run_add_rms_norm(x, delta, weight, eps)
+
+
+def add_rms_norm_op(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    return kernel_or_reference(device, add_rms_norm, add_rms_norm_torch)

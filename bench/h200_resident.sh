@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Fully resident gpt-oss-20b decode before and after the fused decode-layer kernels (bench/NOTES.md), on the GPU
+# machine, from the repository root there; BASE is a copy of the tree before them (app, bench, tests):
+#   bash bench/h200_resident.sh check BASE   # the CUDA tests; launches per layer and step time, before and after
+#   bash bench/h200_resident.sh bench BASE   # decode at 100 % (model routing), before and after
+# Results land in $OUT/results.tgz (the machine keeps nothing, and only a few files come back).
+set -uo pipefail
+phase=${1:?check or bench}
+base=$(cd "${2:?BASE}" && pwd)
+out=${OUT:-/tmp/out}
+mkdir -p "$out/r"
+export PYTHONUNBUFFERED=1
+trap 'tar czf "$out/results.tgz" -C "$out" r' EXIT
+
+if [ "$phase" = check ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv > "$out/r/gpu.txt"
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_layer_cuda.py \
+    tests/kernels/test_gpt_oss_experts_cuda.py tests/engine/test_cuda.py tests/engine/test_segmented_decode.py \
+    tests/engine/test_device_misses_cuda.py 2>&1 | tail -40 > "$out/r/cuda-tests.log"
+  tail -3 "$out/r/cuda-tests.log"
+  python3 bench/profile_decode_step.py "$out/r/profile-after.json" --model gpt-oss-20b --layers 4 \
+    --folder /tmp/g4 2>&1 | tee "$out/r/profile-after.log" | head -30
+  (cd "$base" && python3 bench/profile_decode_step.py "$out/r/profile-before.json" --model gpt-oss-20b \
+    --layers 4 --folder /tmp/g4 2>&1 | tee "$out/r/profile-before.log" | head -30)
+  exit 0
+fi
+
+if [ "$phase" = bench ]; then
+  python3 -c "
+import sys; sys.path.insert(0, '.')
+from pathlib import Path
+from bench.decode_gpt_oss import write_synthetic
+write_synthetic(Path('/tmp/g20'), '20b')"
+  for tree in "$PWD" "$base"; do
+    name=$([ "$tree" = "$base" ] && echo before || echo after)
+    (cd "$tree" && python3 bench/decode_gpt_oss.py "$out/r/decode-$name.json" --folder /tmp/g20 --fractions 1.0 \
+      --routing model --new 128 --repeats 2 --llama-json bench/results/llama-cpp-gpt-oss-20b-2026-12-01.json \
+      2>&1 | tee "$out/r/decode-$name.log" | grep -v '^{')
+  done
+  exit 0
+fi
+echo "unknown phase $phase" >&2
+exit 2

@@ -1,0 +1,67 @@
+"""The decode-layer kernels (norms, router, rotary_cache, decode_attention) compiled on a GPU at gpt-oss-20b's
+shapes, against their torch references. Skipped without a CUDA device."""
+
+import pytest
+import torch
+
+from app.kernels.decode_attention import decode_attention, decode_attention_torch
+from app.kernels.norms import add_rms_norm, add_rms_norm_torch
+from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
+from app.kernels.router import top_k_router, top_k_router_torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+HIDDEN, EXPERTS, HEADS, KV_HEADS, DIM, CAPACITY = 2880, 32, 64, 8, 64, 700
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_add_rms_norm(dtype, tokens):
+    x, delta = (torch.randn(tokens, HIDDEN, device="cuda").to(dtype) for _ in range(2))
+    weight = torch.rand(HIDDEN, device="cuda") + 0.5
+    total, normed = add_rms_norm(x, delta, weight, 1e-5)
+    want_total, want_normed = add_rms_norm_torch(x, delta, weight, 1e-5)
+    assert torch.equal(total, want_total)
+    torch.testing.assert_close(normed, want_normed, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens, experts", [(1, EXPERTS), (5, 128)])
+def test_top_k_router(dtype, tokens, experts):
+    x = torch.randn(tokens, HIDDEN, device="cuda").to(dtype)
+    weight = (torch.randn(experts, HIDDEN, device="cuda") * HIDDEN**-0.5).to(dtype)
+    bias = torch.randn(experts, device="cuda").to(dtype)
+    picked, weights = top_k_router(x, weight, bias, 4)
+    want_picked, want_weights = top_k_router_torch(x, weight, bias, 4)
+    if dtype == torch.float32:  # bf16 logits may tie, or round apart from cuBLAS's sum order
+        assert torch.equal(picked, want_picked)
+        torch.testing.assert_close(weights, want_weights, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_cache_write(dtype):
+    qkv = torch.randn(3, HEADS + 2 * KV_HEADS, DIM, device="cuda").to(dtype)
+    angles = torch.rand(3, DIM // 2, device="cuda") * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    positions = torch.tensor([17, 18, 19], device="cuda")
+    keys, values = (torch.zeros(CAPACITY, KV_HEADS, DIM, device="cuda", dtype=dtype) for _ in range(2))
+    want_keys, want_values = keys.clone(), values.clone()
+    queries = rotary_cache_write(qkv, cos, sin, positions, keys, values)
+    want_queries = rotary_cache_write_torch(qkv, cos, sin, positions, want_keys, want_values)
+    for got, want in ((queries, want_queries), (keys, want_keys)):
+        torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+    assert torch.equal(values, want_values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("position", [0, 127, 128, 511, CAPACITY - 1])
+@pytest.mark.parametrize("window", [None, 128])
+def test_decode_attention(dtype, position, window):
+    q = torch.randn(1, HEADS, DIM, device="cuda").to(dtype)
+    keys, values = (torch.randn(CAPACITY, KV_HEADS, DIM, device="cuda").to(dtype) for _ in range(2))
+    sinks = torch.randn(HEADS, device="cuda").to(dtype)
+    at = torch.tensor([position], device="cuda")
+    out = decode_attention(q, keys, values, at, DIM**-0.5, sinks, window)
+    want = decode_attention_torch(q, keys, values, at, DIM**-0.5, sinks, window)
+    torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
