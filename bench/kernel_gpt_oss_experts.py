@@ -47,6 +47,14 @@ TILE_SWEEP = [
     for shape in ((32, 64, 4, 3), (32, 64, 4, 4), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3),
                   (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4))
 ]
+# T = 1 in float16 pairs (mxfp4_half_pairs.py): rows per program (both projections), inputs per step, warps
+HALF_PAIR_SWEEP = [
+    LaunchConfig(1, Tiles(rows, depth, warps), Tiles(rows, depth, warps), cuda_cores=True, half_pairs=True)
+    for rows, depth, warps in ((4, 1024, 2), (8, 1024, 2), (8, 1024, 4), (16, 1024, 4), (32, 1024, 4), (16, 512, 2),
+                               (32, 512, 2), (16, 1024, 8), (32, 1024, 8), (64, 512, 4), (8, 2048, 4), (8, 4096, 4))
+]
+# T = 1 as before the float16 pairs: float32 products (mxfp4_cuda_cores.py)
+FLOAT32_PRODUCTS = LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
 DENSE_TILE_SWEEP = [Tiles(32, 64, 4, 4), Tiles(64, 64, 4, 4), Tiles(64, 128, 4, 3), Tiles(128, 64, 4, 4)]
 
 
@@ -238,6 +246,16 @@ def sweep_cuda_cores(arenas, token_counts) -> list[dict]:
     return rows
 
 
+def sweep_half_pairs(arenas) -> list[dict]:
+    """T = 1 in float16 pairs: each configuration's kernel times and a check against the reference."""
+    rows = []
+    for config in HALF_PAIR_SWEEP:
+        row = {"tokens": 1, "config": repr(config), "check": attempt(check, arenas, 1, config)}
+        rows.append(row | attempt(profile_config, arenas, 1, config))
+        print(f"  T=1 {config}: {rows[-1].get('kernels_us', rows[-1].get('error'))}", flush=True)
+    return rows
+
+
 def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps: bool) -> None:
     report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
     copy = report["copy_bandwidth"]
@@ -246,8 +264,9 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
         arenas = make_arenas(mxfp4)
         report["expert_bytes_" + fmt] = expert_bytes(arenas)
         configs = [(tokens, None) for tokens in token_counts]
-        if mxfp4:  # decode on matrix units, as before the CUDA-core products
+        if mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs
             configs += [(t, matrix_unit_config(t * PICKS, mxfp4)) for t in token_counts if t * PICKS <= 64]
+            configs += [(1, FLOAT32_PRODUCTS)] if 1 in token_counts else []
         if tile_sweeps:
             sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
             save()
@@ -271,6 +290,9 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
             save()
         if mxfp4:
             report["sweeps"]["mxfp4_cuda_cores"] = sweep_cuda_cores(arenas, [t for t in token_counts if t <= 16])
+            save()
+        if mxfp4 and 1 in token_counts:
+            report["sweeps"]["mxfp4_half_pairs_T1"] = sweep_half_pairs(arenas)
             save()
         if tile_sweeps:
             report["sweeps"][fmt + "_pairs_per_tile"] = sweep_pairs_per_tile(arenas, mxfp4)

@@ -13,6 +13,11 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.mxfp4_half_pairs import pair_order
+
+# how store_activations lays out a pair's activations [W]: as they are, by group ([32, W/32], mxfp4_cuda_cores.py),
+# or in pair order ([16, W/32, 2], mxfp4_half_pairs.py)
+IN_ORDER, GROUP_MAJOR, PAIR_ORDER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
 MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
 # whether the expert kernels run in Triton's interpreter (triton.jit reads the variable when they are
 # defined), whose bf16 tl.dot is wrong: UPCAST
@@ -36,6 +41,7 @@ class LaunchConfig:
     down: Tiles
     fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
     cuda_cores: bool = False  # MXFP4 at a few pairs per tile: products on CUDA cores (mxfp4_cuda_cores.py)
+    half_pairs: bool = False  # and at one pair per tile with bf16 activations: in float16 pairs (mxfp4_half_pairs.py)
 
 
 @dataclass
@@ -127,12 +133,18 @@ def tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def store_activations(
-    activations_ptr, activation, positions, used, width, COLUMNS: tl.constexpr, GROUP_MAJOR: tl.constexpr = False
+    activations_ptr, activation, positions, used, width, COLUMNS: tl.constexpr, ORDER: tl.constexpr = IN_ORDER
 ):
     """A gate_up tile's activation [COLUMNS, BLOCK_M] into rows `positions` of activations [P, W], at this
-    program's COLUMNS feature columns; GROUP_MAJOR: rows stored as [32, W/32] (column c at c % 32, c // 32)."""
+    program's COLUMNS feature columns, each row in ORDER: IN_ORDER, GROUP_MAJOR ([32, W/32]: column c at
+    c % 32, c // 32) or PAIR_ORDER (`pair_order`)."""
     columns = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
-    offsets = (columns % 32) * (width // 32) + columns // 32 if GROUP_MAJOR else columns
+    if ORDER == GROUP_MAJOR:
+        offsets = (columns % 32) * (width // 32) + columns // 32
+    elif ORDER == PAIR_ORDER:
+        offsets = pair_order(columns, width)
+    else:
+        offsets = columns
     tl.store(
         activations_ptr + positions[None, :] * width + offsets[:, None],
         activation.to(activations_ptr.dtype.element_ty),

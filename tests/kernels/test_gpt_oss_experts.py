@@ -8,6 +8,7 @@ import torch
 from app.kernels import gpt_oss_experts_triton
 from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_op, gpt_oss_experts_torch
 from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, pick_config
+from app.kernels.mxfp4_half_pairs import half_pairs
 from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH = 96, 96  # multiples of 32 (MXFP4 groups) that leave K tails for the dense 64- and 128-wide steps
@@ -127,6 +128,31 @@ def test_cuda_core_products_match_reference(config, dtype):
     assert out.dtype == dtype
     assert relative_error(out, ref) < (1e-5 if dtype is torch.float32 else 2e-2)
     assert (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("hidden_size", [96, 160])
+def test_one_bfloat16_token_in_half_pairs_matches_float32_reference(hidden_size):
+    """The single-token default: float16 pairs (mxfp4_half_pairs.py), a skipped pick, 3 or 5 groups a row."""
+    generator = torch.Generator().manual_seed(hidden_size)
+    arenas = random_arenas(5, True, generator, hidden_size)
+    slots, weights = random_routing(1, 4, 5, generator)
+    slots[0, 2] = -1
+    hidden = (torch.randn(1, hidden_size, generator=generator) * 3).to(torch.bfloat16)
+    assert pick_config(4, mxfp4=True).half_pairs
+    out = run_kernel(hidden, arenas, slots, weights.to(torch.bfloat16))
+    ref = gpt_oss_experts_torch(hidden.float(), arenas, slots, weights.to(torch.bfloat16).float(), LIMIT, ALPHA)
+    assert out.dtype == torch.bfloat16
+    assert relative_error(out, ref) < 6e-3  # bf16 output rounding alone is ~2e-3
+
+
+def test_half_pairs_scale_by_a_power_of_two_into_pair_order():
+    x = torch.randn(2, 64) * torch.tensor([[1e-3], [300.0]])
+    pairs, unscale = half_pairs(x)
+    # input 8 w + p + 4 h of group g sits at ((4 w + p) * groups + g) * 2 + h
+    order = torch.arange(64).view(2, 4, 2, 4).permute(1, 3, 0, 2).flatten()
+    restored = pairs.float()[:, torch.argsort(order)] * unscale[:, None] * 2.0**-14
+    torch.testing.assert_close(restored, x, rtol=2**-11, atol=0)
+    assert (pairs.float().abs().amax(dim=1) < 2**14).all() and (pairs.float().abs().amax(dim=1) >= 2**13).all()
 
 
 def test_one_token_takes_the_cuda_core_products_and_more_the_matrix_units():
