@@ -1,10 +1,6 @@
-"""The engine process: a loop that takes requests from one queue and puts events on another.
-
-`EngineServer` does the work and reports through `send`; the loop around it only moves messages,
-so tests can drive the server directly. The process is started by `spawn_engine` (app/protocol/engine_process.py).
-
-No request can end the engine: whatever one raises becomes an Error event for that request (for a
-batch step, for the requests in that step), and the engine goes on with the others.
+"""The engine process: `EngineServer` does the work and reports through `send`; the loop around it only moves
+messages, so tests drive the server directly. No request can end the engine: whatever one raises becomes an Error
+event for it (for a batch step, for the requests in that step).
 """
 
 import queue
@@ -40,7 +36,6 @@ class PromptReady:
 
 
 def failure(error: Exception, request_id: int | None, kind: ErrorKind = ErrorKind.INTERNAL) -> Error:
-    """The Error event for an exception a request raised."""
     if isinstance(error, torch.OutOfMemoryError):
         return Error(ErrorKind.OOM, OUT_OF_MEMORY, request_id)
     words = (str(error).splitlines() or [""])[0]
@@ -49,12 +44,8 @@ def failure(error: Exception, request_id: int | None, kind: ErrorKind = ErrorKin
 
 
 class EngineServer:
-    """Loads a model and runs its generations.
-
-    Generations, plain or speculative, decode together in a `Batch`: `handle(Generate)` prefills and
-    returns, `step()` moves every running generation on by one step. `cancel_requested()` is polled during
-    loads and after every batch step; True stops everything running.
-    """
+    """Generations, plain or speculative, decode together in a `Batch`: `handle(Generate)` prefills, `step()`
+    moves each on one step. `cancel_requested()` is polled during loads and after each step; True stops all."""
 
     def __init__(self, send: Callable[[object], None], cancel_requested: Callable[[], bool],
                  wake: Callable[[], None] = lambda: None):
@@ -67,7 +58,6 @@ class EngineServer:
 
     @property
     def busy(self) -> bool:
-        """Generations are decoding in the batch: call `step()`."""
         return self.batch is not None and bool(self.batch.sequences)
 
     def prepare(self, request: Generate) -> None:
@@ -80,8 +70,7 @@ class EngineServer:
         return not self.prompts.submitted(request.request_id) or self.prompts.result(request.request_id) is not None
 
     def can_start(self, request: Generate) -> bool:
-        """The batch has room for `request` now (a request the engine will refuse can always start, to be
-        refused)."""
+        """A request the engine will refuse can always start, to be refused."""
         if self.batch is None:
             return True
         ids = self.prompts.result(request.request_id)
@@ -105,7 +94,6 @@ class EngineServer:
             self.send(failure(error, request_id, ErrorKind.LOAD if loading else ErrorKind.INTERNAL))
 
     def step(self) -> None:
-        """One decode step of every generation in the batch, then a look for cancellations."""
         try:
             events = self.batch.step()
         except Exception as error:  # it cannot be told whose it was: every generation of the step ends
@@ -118,8 +106,7 @@ class EngineServer:
             self.cancel(None)
 
     def cancel(self, request_id: int | None) -> None:
-        """End generation `request_id` of the batch (None: all of them) before the next step; its Done
-        carries the figures of what it did."""
+        """`request_id` None: all. Its Done carries the figures of what it did."""
         if self.batch is None:
             return
         for running in [request_id] if request_id is not None else list(self.batch.sequences):
@@ -166,7 +153,7 @@ class EngineServer:
         self._send_all(self.batch.join(request.request_id, ids, sampling, request.max_new_tokens))
 
     def _send_all(self, events: list) -> None:
-        """The events, with the figures since the last ones before any Done (a request's last event)."""
+        """The figures since the last ones go before any Done (a request's last event)."""
         ends = [event for event in events if isinstance(event, Done)]
         for event in events:
             if not isinstance(event, Done):
@@ -176,15 +163,13 @@ class EngineServer:
 
 
 class StatsClock:
-    """StepStats for the `running` generations, at most every STATS_INTERVAL_S: the tokens each got since
-    the last ones and the expert cache's work meanwhile (shared by the generations of a batch)."""
+    """StepStats at most every STATS_INTERVAL_S; the expert cache's work is shared by a batch's generations."""
 
     def __init__(self, experts):
         self.experts = experts
         self.restart()
 
     def restart(self) -> None:
-        """Count from now (a generation starts after idle time)."""
         self.last_stats, self.last_time = self.experts.snapshot(), time.perf_counter()
         self.tokens = Counter()
 
@@ -214,16 +199,14 @@ def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: l
 
 
 def residency(cache) -> list[float]:
-    """For each MoE layer of the `ExpertCache`, in layer order, the fraction of its experts in device slots."""
+    """Per MoE layer, in order, the fraction of its experts in device slots."""
     per_layer = Counter(layer for layer, _ in cache.resident())
     return [per_layer[layer] / cache.store.num_experts for layer in cache.store.layers]
 
 
 def engine_main(requests, events) -> None:
-    """The child process's loop. Requests are handled in arrival order: a Generate as soon as its prompt
-    ids are made (on the prompt thread) and the batch has room, a LoadModel once no generation runs,
-    Shutdown at once. Between decode steps the loop reads what has arrived, so a Cancel takes its
-    generation out before the next step."""
+    """Requests in arrival order: a Generate once its prompt ids are made and the batch has room, a LoadModel once
+    no generation runs, Shutdown at once. Arrivals are read between steps, so a Cancel acts before the next."""
     inbox: deque = deque()
 
     def cancel_requested() -> bool:
@@ -253,8 +236,7 @@ def engine_main(requests, events) -> None:
         return False
 
     def prepare_prompts() -> None:
-        """Start on the prompts of the Generates waiting ahead of any LoadModel (those behind one are for
-        the model it loads)."""
+        """Only the Generates ahead of any LoadModel (those behind one are for the model it loads)."""
         for request in inbox:
             if isinstance(request, LoadModel):
                 return

@@ -1,8 +1,6 @@
-"""The `ExpertCache`: device slots over the routed experts of an `ExpertStore` (store.py).
-
-Experts keep their checkpoint format (MXFP4, FP8, bf16) in both places; kernels dequantize them at
-compute time. On the CPU a cache that holds every expert reads the store in place (`ExpertCache.over_host_store`,
-chosen by the loader); one with fewer slots is still a separate arena, so the fetch mechanics run in CI too.
+"""Device slots over the routed experts of an `ExpertStore`; experts keep their checkpoint format (MXFP4, FP8,
+bf16), kernels dequantize at compute time. A CPU cache with fewer slots than experts is still a separate arena, so
+the fetch mechanics run in CI too.
 """
 
 from collections.abc import Iterator
@@ -23,15 +21,12 @@ PREFETCH_MAX_TOKENS = 16  # look ahead for decode and verify steps, not for pref
 
 
 class ExpertCache:
-    """A fixed number of device slots holding experts, evicting the one with the least decayed use
-    (`eviction`, cache_policy.py: popularity and recency, measured better than LRU on real routing).
+    """Fixed device slots, evicting the expert of least decayed use (cache_policy.py).
 
-    On a GPU, copies run on their own stream: each slot remembers the event that ends its copy
-    (the compute stream waits for it) and the event that ends the last kernel reading it (a copy
-    into the slot waits for that). `slot_table` maps (layer, expert) to a slot on the device: when every
-    expert fits, routing needs no host synchronisation at all; with `serve_misses_on_device` (every
-    expert in page-locked host memory) neither does a decode or verify pass (device_misses.py), and the
-    host takes in what the device did when `settle` is called between passes.
+    On a GPU copies run on their own stream; each slot remembers the event ending its copy (compute waits for it)
+    and the one ending its last reader (the next copy into it waits). `slot_table` [layers, E + 1] maps to slots on
+    the device, so a complete cache, or one serving misses on the device (device_misses.py), routes with no host
+    synchronisation; `settle` between passes lets the host catch up.
     """
 
     def __init__(self, store: ExpertStore, num_slots: int, device: torch.device, prefetch_layers: int = 0,
@@ -63,8 +58,7 @@ class ExpertCache:
 
     @classmethod
     def over_host_store(cls, store: ExpertStore, prefetch_layers: int = 0) -> "ExpertCache":
-        """On the CPU with every expert in host memory: the slots are the store's own experts, read where they lie
-        (nothing copied, no second copy in RAM), so the cache is complete from the start."""
+        """CPU, every expert in host memory: the slots are the store's experts in place (no second copy in RAM)."""
         count = len(store.layers) * store.num_experts
         cache = cls(store, count, torch.device("cpu"), prefetch_layers, arenas=store.host_arenas())
         slots = torch.arange(count).view(len(store.layers), store.num_experts)
@@ -76,7 +70,7 @@ class ExpertCache:
         return cache
 
     def preload(self, keys: list[ExpertKey]) -> None:
-        """Fill free slots before decoding starts (not counted as misses: nothing waits for them)."""
+        """Fill free slots before decoding (not counted as misses: nothing waits for them)."""
         for key in keys[: len(self.free_slots)]:
             self._load(key, self.free_slots.pop())
         if self._copy_stream is not None:
@@ -85,18 +79,14 @@ class ExpertCache:
         self.complete = len(self.slot_of) == len(self.store.layers) * self.store.num_experts
 
     def serve_misses_on_device(self, top_k: int) -> None:
-        """From now on, passes of up to DEVICE_PASS_MAX_TOKENS tokens serve misses on the device, no host work
-        (device_misses.py)."""
         assert self.store.all_in_host_memory and not self.complete
         self.device_misses = DeviceMisses(self, top_k)
 
     @property
     def host_free_passes(self) -> bool:
-        """Decode and verify passes need no host work (a CUDA graph can hold them whole)."""
         return self.complete or self.device_misses is not None
 
     def settle(self) -> None:
-        """Between passes: the host takes in what passes that served misses on the device did (no-op otherwise)."""
         if self.device_misses is None:
             return
         if self._copy_stream is not None:  # a prefill chunk's copies wait for the passes before
@@ -104,7 +94,6 @@ class ExpertCache:
         self.device_misses.settle()
 
     def ensure(self, layer: int, experts: list[int]) -> list[int]:
-        """Slots holding `experts` of `layer`, fetching misses. At most `num_slots` experts at once."""
         assert len(experts) <= self.num_slots, "more experts than slots: use groups()"
         slots = []
         keep = {(layer, expert) for expert in experts}  # no expert of this call evicts another
@@ -124,8 +113,7 @@ class ExpertCache:
         return slots
 
     def prefetch(self, layer: int, experts: list[int]) -> None:
-        """Start copying the experts a later layer is predicted to use; remember the prediction (joined
-        with earlier ones for the same run of that layer: every copy started counts)."""
+        """Start copying a later layer's predicted experts; predictions for one run of a layer are joined."""
         self._predicted.setdefault(layer, set()).update(experts)
         keep = {(layer, expert) for expert in experts}
         for expert in experts:
@@ -138,15 +126,13 @@ class ExpertCache:
             self.stats.disk_reads += self.store.is_on_disk(*key)
 
     def lookahead_layers(self, layer: int | None, num_tokens: int) -> tuple[int, ...]:
-        """MoE layers whose experts the model should predict now: the next ones after `layer`, or the
-        first ones when a pass has not started yet (`layer` None). None when all are resident."""
+        """MoE layers to predict now: the next after `layer`, or the first ones before a pass (`layer` None)."""
         if self.host_free_passes or num_tokens > PREFETCH_MAX_TOKENS:
             return ()
         start = 0 if layer is None else self.store.layers.index(layer) + 1
         return self.store.layers[start : start + self.prefetch_layers]
 
     def groups(self, layer: int, experts: list[int]) -> Iterator[tuple[list[int], list[int]]]:
-        """(experts, slots) in groups that fit the cache, each fetched just before it is used."""
         for start in range(0, len(experts), self.num_slots):
             group = experts[start : start + self.num_slots]
             yield group, self.ensure(layer, group)
@@ -160,12 +146,8 @@ class ExpertCache:
         experts_fn: ExpertOp,
         predictions: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Weighted sum of the routed experts: hidden [T, H], top_experts/top_weights [T, k] -> [T, H].
-
-        `experts_fn` is the kernel (slot -1 marks experts that are not in the current group).
-        `predictions` maps later layers to experts [N] predicted for them; their copies start once this
-        layer's kernel is queued.
-        """
+        """hidden [T, H], top_experts/top_weights [T, k] -> [T, H]; slot -1 marks experts outside the current group.
+        `predictions` maps later layers to experts [N]; their copies start once this layer's kernel is queued."""
         if self.complete:
             return experts_fn(hidden, self.arenas, self._slots_of_resident(layer, top_experts), top_weights)
         if self.device_misses is not None and len(hidden) <= DEVICE_PASS_MAX_TOKENS:
@@ -190,7 +172,6 @@ class ExpertCache:
         return out
 
     def _run_in_groups(self, layer, used, hidden, top_experts, top_weights, experts_fn) -> torch.Tensor:
-        """More experts than slots (a long prefill chunk): one op call per group that fits."""
         out = torch.zeros_like(hidden)
         slot_of = torch.full((self.store.num_experts + 1,), -1, dtype=torch.long, device=hidden.device)
         for experts, slots in self.groups(layer, used):
@@ -202,7 +183,6 @@ class ExpertCache:
         return out
 
     def _call(self, experts_fn, hidden, slots, weights) -> torch.Tensor:
-        """The op, replayed from a CUDA graph for single tokens when the op allows capture."""
         if len(hidden) != 1 or not experts_fn.capturable:
             return experts_fn(hidden, self.arenas, slots, weights)
         key = (id(experts_fn), slots.shape[1], hidden.dtype, weights.dtype)
@@ -215,7 +195,6 @@ class ExpertCache:
 
     @contextmanager
     def uncounted(self) -> Iterator[None]:
-        """Work done inside (warm-up passes) leaves the statistics as they were."""
         saved_stats, saved_uses = replace(self.stats), self._resident_uses.clone()
         yield
         self.settle()
@@ -223,13 +202,11 @@ class ExpertCache:
         self._resident_uses.copy_(saved_uses)
 
     def snapshot(self) -> CacheStats:
-        """The statistics so far (reading the device-side counter of the fully resident path)."""
         if self.complete:
             self.stats.hits = int(self._resident_uses)
         return replace(self.stats)
 
     def _slots_of_resident(self, layer: int, top_experts: torch.Tensor) -> torch.Tensor:
-        """The slots [T, k] of a layer's picks when every expert is resident, counting the experts used."""
         if len(top_experts) == 1:  # one token's top-k are distinct experts: only OTHER_DEVICE (no slot) repeats
             return self._resident_slots(self.slot_table[layer], top_experts, self._resident_uses)
         used = torch.zeros(self.store.num_experts + 1, dtype=torch.long, device=top_experts.device)

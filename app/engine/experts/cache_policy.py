@@ -1,16 +1,9 @@
 """Which expert the cache evicts: the resident one with the least decayed use (LRFU).
 
-Every use of (layer, expert) adds a weight that halves every `half_life` uses of the cache, so the score
-of an expert is how often, and how lately, it was used. Trained routers pick some experts far more
-often than others and a token tends to reuse the previous token's experts; a popular expert that was
-not used in the last few tokens is worth more than one used once a moment ago, which plain LRU evicts
-the wrong way round. A half-life of 1 use or less is exactly LRU (one newer use outweighs all older
-ones); a long one approaches LFU. Scores of evicted experts are kept (one float per expert of the model):
-an expert that comes back keeps its popularity.
-
-Scores are stored as log2 of sum(2 ** (use_tick / half_life)), so they never need re-decaying and the
-order between two experts only changes when one of them is used; a heap of resident experts (with
-stale entries skipped and compacted away) finds the victim in O(log n).
+Each use adds a weight that halves every `half_life` cache uses: trained routers favour some experts, and a
+popular expert unused for a few tokens is worth more than one used once a moment ago, which LRU gets backwards
+(half-life ≤ 1 is exactly LRU, a long one approaches LFU). Evicted experts keep their scores. Scores are
+log2 of sum(2 ** (use_tick / half_life)), so they never re-decay; a heap finds the victim in O(log n).
 """
 
 import heapq
@@ -36,7 +29,7 @@ class DecayedUseEviction:
         self._heap: list[tuple[float, int, Hashable]] = []  # (score, tick, key) of resident experts; stale ones too
 
     def used(self, key: Hashable) -> None:
-        """A hit on a resident expert or a load into a slot (both are uses)."""
+        """A hit or a load into a slot."""
         self._tick += 1
         now = self._tick / self.half_life
         old = self._score.get(key)
@@ -48,8 +41,8 @@ class DecayedUseEviction:
             self._compact()
 
     def victim(self, keep: Collection[Hashable] = ()) -> Hashable:
-        """Remove and return the resident expert with the lowest score that is not in `keep` (the lowest
-        of `keep` when every resident expert is in it: a prefetch of more experts than slots)."""
+        """Remove and return the lowest-scored resident not in `keep` (of `keep` if all are: a prefetch of more
+        experts than slots)."""
         kept = []
         try:
             while self._heap:
@@ -74,14 +67,13 @@ class DecayedUseEviction:
         self._resident.discard(key)
 
     def lowest(self, keys: Collection[Hashable], count: int) -> list[Hashable]:
-        """The `count` lowest-scored of `keys` (resident ones), lowest first."""
         keys = list(keys)
         scores = np.fromiter(map(self._score.__getitem__, keys), dtype=np.float64, count=len(keys))
         chosen = np.argpartition(scores, count)[:count] if count < len(keys) else np.arange(len(keys))
         return [keys[i] for i in chosen[np.argsort(scores[chosen], kind="stable")]]
 
     def score(self, key: Hashable) -> float:
-        """log2 of the decayed use count, in units of the current tick's weight (for tests and tools)."""
+        """log2 of the decayed use count, in units of the current tick's weight."""
         return self._score[key] - self._tick / self.half_life
 
     def _compact(self) -> None:

@@ -1,13 +1,9 @@
-"""Misses served by the device: it decides every layer's hits, misses and admissions, the host only between
-passes.
+"""Misses served by the device: with every expert in page-locked host memory, a pass needs no host work per layer.
 
-With every routed expert in the page-locked host store, a decode or verify pass needs no host work per layer:
-each MoE layer call resolves its picks on the device (app/kernels/expert_resolve.py) into an address table, one
-copy kernel over the whole GPU fetches its admitted misses from host memory into their victim slots
-(app/kernels/expert_fetch.py), and the expert kernels read every expert where the table points. Between passes
-`settle` reads what the device did in one transfer, scores the eviction policy with it, counts hits and misses,
-and refills the queue of victim slots for the next pass: free slots first, then the policy's lowest-scored. So
-the policy decides what stays, off the critical path.
+Each MoE layer resolves its picks on the device into an address table (app/kernels/expert_resolve.py), one copy
+kernel fetches admitted misses into victim slots (expert_fetch.py), the expert kernels read where the table points.
+`settle`, between passes, reads what the device did in one transfer, scores the eviction policy and refills the
+victim queue (free slots, then the lowest-scored), so the policy decides what stays off the critical path.
 """
 
 import numpy as np
@@ -63,7 +59,7 @@ class DeviceMisses:
 
     def run(self, layer: int, hidden: torch.Tensor, top_experts: torch.Tensor, top_weights: torch.Tensor,
             op) -> torch.Tensor:
-        """The layer's weighted expert sum [T, H], with no host work: see the module's docstring."""
+        """-> [T, H], with no host work."""
         fetched = resolve_experts(top_experts.flatten(), layer, layer == self.first_layer, self.residency, self.reads,
                                   self.sources)
         fetch_experts(fetched, self.sources, self.reads, self.column_bytes, self.largest_column)
@@ -76,7 +72,6 @@ class DeviceMisses:
         self._owners[slot] = flat  # the host's view has it already
 
     def settle(self) -> None:
-        """Take in what the device did since the last settle, then queue the victims of the next pass."""
         cache, r = self.cache, self.residency
         counts, uses, owners = torch.cat([r.counts, r.uses.flatten().long(), r.owner]).cpu().split(
             [4, r.uses.numel(), r.owner.numel()])

@@ -1,10 +1,6 @@
-"""Expert parallel: the routed experts spread over the caches of several devices.
-
-Every (layer, expert) has one owner device. Each device has its own `ExpertCache` (arenas, copy
-stream, PCIe link) over the one host `ExpertStore` and holds or fetches only the experts it owns, so
-the cache grows with every device and a layer's misses are copied over several links at once. Each
-device runs the layer's expert op on its own picks (the others are `OTHER_DEVICE` there); the first
-device, which holds the dense layers, sums the partial outputs.
+"""Expert parallel: every (layer, expert) has one owner device, whose own `ExpertCache` over the one host store
+holds or fetches it, so the cache grows with every device and misses are copied over several links at once. Each
+device runs the expert op on its own picks (the others are `OTHER_DEVICE` there); the first sums the outputs.
 """
 
 from collections.abc import Callable, Iterator, Sequence
@@ -19,9 +15,8 @@ from app.protocol.stats import CacheStats
 
 
 def assign_owners(layers: Sequence[int], num_experts: int, slots: Sequence[int]) -> dict[ExpertKey, int]:
-    """Device index per (layer, expert), in shares proportional to the devices' slots and interleaved
-    within every layer (uniform routing then loads the devices in proportion too). When the slots
-    add up to every expert, each device owns exactly as many experts as it has slots."""
+    """Shares proportional to the devices' slots, interleaved within every layer so uniform routing loads the
+    devices in proportion too."""
     owned = [0] * len(slots)
     owners = {}
     for key in ((layer, expert) for layer in layers for expert in range(num_experts)):
@@ -33,15 +28,13 @@ def assign_owners(layers: Sequence[int], num_experts: int, slots: Sequence[int])
 
 
 def _on(device: torch.device):
-    """Make `device` current: Triton kernels, CUDA events and graphs use the current device."""
+    """Triton kernels, CUDA events and graphs use the current device."""
     return torch.cuda.device(device) if device.type == "cuda" else nullcontext()
 
 
 class ExpertParallelCache:
-    """The `ExpertCache` interface the models call, over one cache per device (`devices[0]` holds the
-    dense layers). `complete` stays False: a step over several devices is not captured as one CUDA
-    graph (cuda_graph.graph_ready), and a device whose own experts all fit skips host work anyway. The
-    devices' hosts copy their misses (no misses served by several devices yet)."""
+    """The `ExpertCache` interface over one cache per device (`devices[0]` holds the dense layers). `complete`
+    stays False: a multi-device step is not one CUDA graph, and a device whose experts all fit skips host work."""
 
     complete = False
     host_free_passes = False
@@ -80,8 +73,7 @@ class ExpertParallelCache:
         experts_fn: Callable[..., torch.Tensor],
         predictions: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """`ExpertCache.run` over the devices: hidden [T, H], top_experts/top_weights [T, k] -> [T, H]
-        on the first device. Every device gets the picks and predictions it owns."""
+        """`ExpertCache.run`, the result [T, H] on the first device."""
         predictions = predictions or {}
         owners = self.owner[layer][top_experts]
         later_owners = {later: self.owner[later][experts] for later, experts in predictions.items()}
@@ -108,8 +100,7 @@ class ExpertParallelCache:
         return out
 
     def prefetch(self, layer: int, experts: list[int]) -> None:
-        """`ExpertCache.prefetch`: each device starts the copies of the experts it owns (and every device
-        records the prediction, the empty ones too, so coverage adds up over the devices)."""
+        """Every device records the prediction, empty ones too, so coverage adds up over the devices."""
         for index, shard in enumerate(self.shards):
             with _on(shard.device):
                 shard.prefetch(layer, [e for e in experts if self._owner_of[(layer, e)] == index])

@@ -1,7 +1,5 @@
-"""An expert op for a single token, captured once as a CUDA graph and replayed.
-
-Each Triton launch costs tens of microseconds on the host, several per layer; with experts offloaded
-the step cannot be one graph (routing decides the copies on the host), but the op itself can.
+"""An expert op for a single token as a CUDA graph: Triton launches cost tens of µs on the host, and with experts
+offloaded the step cannot be one graph, but the op can.
 """
 
 import torch
@@ -10,8 +8,7 @@ from app.engine.layers.graph_capture import warm_up
 
 
 class SingleTokenGraph:
-    """`op(hidden, arenas, slots, weights)` for hidden [1, H], slots/weights [1, k]. The result is
-    overwritten by the next call: use it before calling again."""
+    """hidden [1, H], slots/weights [1, k]; the next call overwrites the result."""
 
     def __init__(self, op, arenas: dict[str, torch.Tensor], hidden: torch.Tensor, slots: torch.Tensor,
                  weights: torch.Tensor):

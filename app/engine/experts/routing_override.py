@@ -1,10 +1,6 @@
-"""Experts chosen outside the router, for benchmarks (`bench/decode_*.py --routing trace|uniform`).
-
-Random weights do not route like a trained model, and routing decides everything an expert cache does. An
-override replaces the router's choice of experts, token after token: `ReplayedRouting` with a real model's
-recorded routing, `UniformRouting` with experts drawn uniformly at random on the device (the worst case for a
-cache). The router still runs and its scores weight the chosen experts; look-ahead predictions still come
-from the router, so a prefetcher never reads the override. Both are device work only: a CUDA graph holds them.
+"""Experts chosen outside the router, for benchmarks (`bench/decode_*.py --routing trace|uniform`): random weights
+do not route like a trained model, and routing decides everything a cache does. The router's scores still weight
+the chosen experts and look-ahead still comes from the router. Device work only: a CUDA graph holds it.
 """
 
 import numpy as np
@@ -24,7 +20,7 @@ class ReplayedRouting:
         self.rows = torch.zeros(0, dtype=torch.long, device=device)
 
     def experts(self, layer: int, num_tokens: int) -> torch.Tensor:
-        """The experts [T, k] of `layer` for the pass's T tokens (the first MoE layer starts a pass)."""
+        """-> [T, k]; the first MoE layer starts a pass."""
         if layer == self.first_layer:
             self.rows = (self.next_row + torch.arange(num_tokens, device=self.trace.device)) % len(self.trace)
             self.next_row.add_(num_tokens)
@@ -32,8 +28,7 @@ class ReplayedRouting:
 
 
 class UniformRouting:
-    """Every token's k experts of a layer drawn uniformly at random, without repeats (torch's default generator:
-    seed it with torch.manual_seed)."""
+    """k distinct experts per token, uniformly (the worst case for a cache; torch's default generator)."""
 
     def __init__(self, num_experts: int, top_k: int, device: torch.device):
         self.num_experts, self.top_k, self.device = num_experts, top_k, device

@@ -13,8 +13,7 @@ OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_paral
 
 
 class Routing(NamedTuple):
-    """A layer's routing: its normed hidden states [T, H], picked experts and their weights [T, k], and the
-    experts [T, k] predicted for the later layers its cache looks ahead to."""
+    """hidden [T, H] (normed), top_experts and top_weights [T, k], predictions {later layer: experts [T, k]}."""
 
     hidden: torch.Tensor
     top_experts: torch.Tensor
@@ -23,11 +22,8 @@ class Routing(NamedTuple):
 
 
 class ExpertStore:
-    """Every routed expert, in checkpoint format.
-
-    The first `host_experts` (in layer order) are copied into one host allocation, page-locked when the
-    cache lives on a GPU; the rest stay views of the memory-mapped checkpoint and are read on demand.
-    """
+    """The first `host_experts` (layer order) are copied into one host allocation, page-locked for a GPU cache; the
+    rest stay views of the memory-mapped checkpoint."""
 
     def __init__(
         self,
@@ -66,8 +62,8 @@ class ExpertStore:
         return not self._on_disk
 
     def host_arenas(self) -> ExpertTensors:
-        """Every expert as arenas [layers * experts, ...] over the host allocation, in layer order (expert e of the
-        i-th MoE layer is slot i * num_experts + e); slots lie `aligned_bytes` of one expert apart."""
+        """Arenas [layers * experts, ...] over the host allocation: expert e of the i-th MoE layer is slot
+        i * num_experts + e; slots lie `aligned_bytes` apart."""
         assert self.all_in_host_memory
         first = self.expert(self.layers[0], 0)
         count, spacing, start = len(self._experts), aligned_bytes(first.values()), self.host.buffer.data_ptr()

@@ -1,7 +1,5 @@
 """Continuous batching: the engine process's generations as sequences of one scheduler (scheduler.py), admitted
-while their KV caches fit the planned context. A sequence joins between steps (its prompt is prefilled alone,
-its first token emitted) and leaves as soon as it ends or is cancelled; with speculation each drafts with a
-drafter of its own and their verify blocks share each step's pass."""
+while their KV caches fit the planned context."""
 
 from app.engine.generation.checks import check_prompt
 from app.engine.generation.sampling import Sampler, SamplingParams
@@ -12,14 +10,9 @@ from app.protocol.stats import GenerationStats
 
 
 class Batch:
-    """The sequences decoding on one loaded model (`session`): at most `max_sequences` at once, whose KV
-    caches together hold at most the planned context (the plan reserved that many tokens of KV cache); with
-    one at most, every generation runs over the session's own cache and keeps its captured passes.
-
-    Every call returns the events it produced: `Tokens` per sequence and step, then the end of a
-    sequence as its answer's last text and `Done`, whose stats have generate's figures plus `batch`
-    (steps, mean batch size). A step's expert-cache work counts in full for each sequence in it.
-    """
+    """At most `max_sequences` at once, their KV caches within the planned context; with one at most, every
+    generation runs over the session's own cache and keeps its captured passes. Calls return their events, as
+    the scheduler's do."""
 
     def __init__(self, session, max_sequences: int):
         self.session = session
@@ -37,7 +30,6 @@ class Batch:
         return self.scheduler.sequences
 
     def cache_tokens(self, prompt_tokens: int, max_new_tokens: int) -> int:
-        """The KV cache a sequence gets: its prompt and answer, within the context."""
         return min(prompt_tokens + max_new_tokens, self.context)
 
     def has_room(self, cache_tokens: int) -> bool:
@@ -64,11 +56,10 @@ class Batch:
             raise
 
     def step(self) -> list[Tokens | Done]:
-        """One decode step of every sequence."""
         return self._releasing(self.scheduler.step())
 
     def leave(self, request_id: int) -> GenerationStats | None:
-        """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
+        """-> Done's stats of what it did, None if it is not decoding here."""
         stats = self.scheduler.leave(request_id)
         if stats is not None:
             self._release(request_id)

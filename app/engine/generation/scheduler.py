@@ -1,12 +1,8 @@
-"""One loop for every generation: a scheduler steps sequences, plain or speculative, alone or together.
+"""One loop for every generation: sequences, plain or speculative, alone or together.
 
-A sequence joins between steps (its prompt is prefilled alone and its first token emitted) and leaves as soon
-as it ends or is cancelled. Each step drafts a block for every speculative sequence ([anchor, *drafts]; a plain
-sequence's block is its last token), runs one target pass over all the blocks, then accepts and rewinds each
-sequence on its own. Alone, a sequence's pass is its runner's (a CUDA graph where one can run); together, the
-blocks share one batched pass (`forward_batch`: attention per sequence, each layer's routed experts once for all
-their tokens), so one expert sweep serves every sequence. `generate`, `speculative_generate`, the session and
-the server's batch are front doors to this loop.
+A sequence joins between steps (prompt prefilled alone) and leaves when it ends. Each step drafts a block per
+speculative sequence ([anchor, *drafts]; plain: its last token), runs one target pass over all blocks (alone: the
+runner's, a CUDA graph where possible; together: `forward_batch`), then accepts and rewinds each on its own.
 """
 
 import time
@@ -28,9 +24,8 @@ from app.protocol.stats import BatchStats, CacheStats, GenerationStats, SpecStat
 
 @dataclass(eq=False)
 class Sequence:
-    """One generation: its cache and passes (`runner`), its sampling, and with a drafter its speculation (a
-    forced `block_size`, else the cost-aware policy, which learns from the steps the sequence runs alone).
-    Its events are made by `answer` (by default: token ids without text, for request `request_id`)."""
+    """One generation. Without a forced `block_size` a drafter's block follows the cost-aware policy, which learns
+    from the steps the sequence runs alone. `answer` makes its events (default: token ids without text)."""
 
     request_id: int
     prompt_ids: list[int]
@@ -68,17 +63,15 @@ class Sequence:
 
 @dataclass
 class _Plan:
-    """What one step runs for a sequence: its block, and the proposal behind its drafts."""
+    """One step's block for a sequence and the proposal behind its drafts."""
 
     block: list[int]
     proposal: Proposal | None = None
 
 
 class Scheduler:
-    """The sequences decoding on one model; `join` and `step` return the events they produced (Tokens per
-    sequence and step, and at a sequence's end its answer's last text and Done, whose stats add `spec` for a
-    speculative sequence and, with `batch_stats`, `batch`: steps and mean batch size). A step's expert-cache work
-    counts in full for each sequence in it."""
+    """`join` and `step` return the events they produced; Done's stats add `spec` for a speculative sequence and,
+    with `batch_stats`, `batch`. A step's expert-cache work counts in full for each sequence in it."""
 
     def __init__(self, model, batch_stats: bool = False):
         self.model = model
@@ -110,7 +103,6 @@ class Scheduler:
         return self._emit(sequence, [sequence.token], 0, None)
 
     def step(self) -> list[Tokens | Done]:
-        """One step of every sequence."""
         sequences = list(self.sequences.values())
         experts = self.model.experts
         before, started = self._cache_stats, time.perf_counter()
@@ -137,7 +129,7 @@ class Scheduler:
         return events
 
     def leave(self, request_id: int) -> GenerationStats | None:
-        """Drop a sequence (cancelled): Done's stats of what it did, None if it is not decoding here."""
+        """-> Done's stats of what it did, None if it is not decoding here."""
         sequence = self.sequences.pop(request_id, None)
         if sequence is None:
             return None
@@ -152,8 +144,8 @@ class Scheduler:
         return _Plan(*sequence.speculator.draft(sequence.token, size))
 
     def _target_pass(self, sequences: list[Sequence], plans: list[_Plan]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per sequence, its block's logits [B, V] and features [B, F] (empty without a drafter): alone from its
-        runner (features copied out of the graph: the drafter keeps them), together from one batched pass."""
+        """Per sequence (logits [B, V], features [B, F], empty without a drafter); alone, features are copied out
+        of the graph because the drafter keeps them."""
         if len(sequences) == 1:
             (sequence,), (plan,) = sequences, plans
             logits, features = sequence.runner.run(plan.block, sequence.capture)
@@ -175,8 +167,7 @@ class Scheduler:
         return sequence.speculator.accept(plan.block, plan.proposal, logits, features)
 
     def _emit(self, sequence: Sequence, tokens: list[int], kept: int, spec: SpecStep | None) -> list[Tokens | Done]:
-        """Tokens up to the first that ends the sequence (a stop token, max new tokens, a full context); the
-        last one out is the next step's anchor."""
+        """Tokens up to the first that ends the sequence; the last one out is the next step's anchor."""
         out, reason = [], None
         for token in tokens:
             out.append(token)
@@ -219,7 +210,6 @@ def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
 
 
 def run_alone(model, sequence: Sequence) -> Iterator[Tokens | Done]:
-    """One sequence through the scheduler's loop, its events as they come."""
     scheduler = Scheduler(model)
     yield from scheduler.join(sequence)
     while scheduler.sequences:

@@ -6,16 +6,10 @@ from app.errors import UserError
 
 
 class KVCache:
-    """Named per-token entries (e.g. "k" and "v" [kv_heads, head_dim], or MLA's "latent") for every layer,
-    or for the first `entry_layers[name]` cache layers when an entry exists on fewer (GLM-5 keeps indexer
-    keys only for layers that run the indexer; the model numbers those).
-
-    A forward pass of T tokens writes rows [length, length + T) of each layer, then `advance(T)`
-    commits them. Speculation rewinds with `truncate(n)`: rows past n are simply overwritten later.
-
-    For a captured CUDA graph the shapes must not change from step to step: then `static_positions`
-    (a device tensor the graph reads) says where the new rows go, and attention sees every row,
-    masked by position.
+    """Named per-token entries (e.g. "k", "v" [kv_heads, head_dim], MLA's "latent") per layer, or for the first
+    `entry_layers[name]` layers (GLM-5's indexer keys). A pass of T tokens writes rows [length, length + T) and
+    `advance(T)` commits them. Under a CUDA graph `static_positions` (a device tensor) says where new rows go and
+    attention sees every row, masked by position.
     """
 
     def __init__(
@@ -44,23 +38,19 @@ class KVCache:
             )
 
     def positions(self, num_tokens: int) -> torch.Tensor:
-        """Positions [T] of the tokens about to be written."""
         if self.static_positions is not None:
             return self.static_positions
         return torch.arange(self.length, self.length + num_tokens, device=self.device)
 
     def num_rows(self, num_tokens: int) -> int:
-        """How many rows `update` returns when T new tokens are written."""
         return self.capacity if self.static_positions is not None else self.length + num_tokens
 
     def layer_rows(self, layer: int, name: str) -> torch.Tensor:
-        """Every row [capacity, ...] of a layer's entry, for kernels that write the new rows at `positions`
-        themselves (attention then reads the first `num_rows`)."""
+        """[capacity, ...], for kernels that write the new rows at `positions` themselves."""
         return self.buffers[name][layer]
 
     def update(self, layer: int, name: str, values: torch.Tensor) -> torch.Tensor:
-        """Write values [T, ...] after the committed rows; return rows [0, length + T) (all rows
-        with static positions)."""
+        """values [T, ...] -> rows [0, length + T) (all rows with static positions)."""
         buffer = self.buffers[name][layer]
         if self.static_positions is not None:
             buffer.index_copy_(0, self.static_positions, values)

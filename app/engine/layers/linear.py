@@ -1,8 +1,5 @@
-"""Linear layers whose weight is a tensor or an FP8 weight kept as the checkpoint stores it.
-
-On a GPU the engine keeps dense FP8 weights (GLM's attention, dense MLPs, shared experts) in FP8 with their
-scales: half the bytes of bf16 on the device and per token, multiplied by the FP8 linear kernel
-(app/kernels/fp8_linear.py). Elsewhere they are dequantized at load, so the CPU runs plain matmuls.
+"""Linear layers whose weight is a tensor or an FP8 weight as stored: on a GPU dense FP8 weights stay FP8 (half
+the bytes of bf16, app/kernels/fp8_linear.py); elsewhere they are dequantized at load.
 """
 
 from collections.abc import Callable, Mapping
@@ -17,7 +14,7 @@ from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 
 def keeps_fp8(device: torch.device) -> bool:
-    """Whether dense FP8 weights stay FP8 on `device` (the planner counts them as stored there)."""
+    """The planner counts such weights as stored there."""
     return device.type == "cuda"
 
 
@@ -32,8 +29,7 @@ class Fp8Weight:
 def load_linear(
     stored: Mapping[str, torch.Tensor], block: tuple[int, int] | None, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor | Fp8Weight:
-    """A linear weight as its checkpoint stores it ({"weight"} plus an FP8 scale, see app.kernels.formats.fp8) on
-    `device`: an Fp8Weight where `keeps_fp8(device)`, otherwise a tensor in `dtype`."""
+    """{"weight"} plus an FP8 scale as stored -> an Fp8Weight where `keeps_fp8(device)`, else a tensor in `dtype`."""
     on_device = {name: tensor.to(device) for name, tensor in stored.items()}
     if keeps_fp8(device) and PER_CHANNEL_SCALE in on_device:
         return Fp8Weight(on_device["weight"], on_device[PER_CHANNEL_SCALE], None, fp8_linear_op(device))

@@ -27,10 +27,8 @@ def attend(
 ) -> torch.Tensor:
     """q [T, Hq, d], k [L, Hkv, d], v [L, Hkv, dv], visible [T, L], sinks [Hq] -> [T, Hq, dv].
 
-    Grouped-query attention: query head h reads key/value head h // (Hq / Hkv), and a group's queries are
-    stacked into one matrix product rather than copying its keys (MLA runs 64 query heads on one latent
-    head). A sink is an extra logit per head that joins the softmax and is then dropped, so a head can
-    attend to "nothing".
+    A group's queries are stacked into one product rather than copying its keys (MLA: 64 heads on one latent
+    head). A sink is an extra logit per head, dropped after the softmax, so a head can attend to "nothing".
     """
     length, heads, dim = q.shape
     kv_heads, keys = k.shape[1], k.shape[0]
@@ -51,5 +49,5 @@ def attend(
 def silu_glu(
     x: torch.Tensor, gate: torch.Tensor | Fp8Weight, up: torch.Tensor | Fp8Weight, down: torch.Tensor | Fp8Weight
 ) -> torch.Tensor:
-    """The SiLU-gated MLP (`app.kernels.silu_glu`) over weights kept as tensors or as FP8."""
+    """Weights as tensors or as FP8."""
     return kernel_silu_glu(x, gate, up, down, linear)

@@ -64,7 +64,6 @@ class Rotary:
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, r], cos/sin [T, r/2]: interleaved RoPE, each pair (x0, x1), (x2, x3), ... turns by one
-    frequency. The result comes out de-interleaved (evens, then odds), as in transformers; queries and keys
-    share that order, so their dot products are those of the interleaved rotation."""
+    """x [T, heads, r], cos/sin [T, r/2]: interleaved RoPE. The result is de-interleaved (evens, then odds), as in
+    transformers; queries and keys share that order, so their dot products are unchanged."""
     return rotate_halves(torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1), cos, sin)

@@ -1,15 +1,8 @@
-"""DFlash drafter (z-lab layout): a few Qwen3-style layers that draft a whole block in one pass.
-
-It has no embedding and no LM head: it reads the target's `embed` and `lm_head`. Its context is the
-outputs of the target layers `target_layer_ids`, concatenated per position (the feature), projected once:
-
-    c = hidden_norm(fc(feature))                                    [N, H]
-
-In every layer the queries come from the block only, keys and values from context and block with the
-same weights, `cat[k_proj(c), k_proj(input_norm(h_block))]`; q/k RMSNorm per head; RoPE on the queries
-(block positions) and on all keys (context and block positions); no causal mask inside the block.
-Context keys/values are computed once per committed position into the drafter's own KV cache; the
-block's are written past the committed rows and never kept.
+"""DFlash drafter (z-lab layout): a few Qwen3-style layers that draft a whole block in one pass, using the
+target's `embed` and `lm_head`. Its context c = hidden_norm(fc(feature)) [N, H], feature being the outputs of
+`target_layer_ids` concatenated. Queries come from the block only; keys and values from context and block with the
+same weights; q/k RMSNorm per head, RoPE on all; no causal mask inside the block. Context K/V are cached once per
+committed position; the block's are written past the committed rows and never kept.
 """
 
 from dataclasses import dataclass
@@ -72,7 +65,6 @@ class DFlashConfig:
 
 
 def open_dflash(path: str | Path) -> tuple[ModelFolder, DFlashConfig]:
-    """The drafter's folder and config; a folder that is not a DFlash drafter is refused."""
     folder = ModelFolder.open(path, any_model_type=True)
     config = folder.config
     if "dflash_config" not in config:
@@ -91,7 +83,6 @@ def open_dflash(path: str | Path) -> tuple[ModelFolder, DFlashConfig]:
 
 
 def check_pairing(drafter: DFlashConfig, target_config) -> None:
-    """One clear UserError for the first way the drafter does not fit the target."""
     target = target_config
     if drafter.hidden_size != target.hidden_size:
         raise UserError(f"the drafter's hidden size {drafter.hidden_size} is not the target's {target.hidden_size}: "
@@ -109,7 +100,7 @@ def check_pairing(drafter: DFlashConfig, target_config) -> None:
 
 
 class DFlashDrafter:
-    """The drafter's weights on the target's device; `new_context_cache`, `add_context`, `draft`."""
+    """The drafter's weights on the target's device."""
 
     def __init__(self, config: DFlashConfig, checkpoint: Checkpoint, target):
         c = self.config = config
@@ -152,7 +143,7 @@ class DFlashDrafter:
         return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
 
     def add_context(self, features: torch.Tensor, cache: KVCache) -> None:
-        """Commit the context of the next positions: features [N, K·H] of the target layers' outputs."""
+        """features [N, K·H]: the target layers' outputs at the next positions."""
         context = rms_norm(features.to(self.dtype) @ self.fc.T, self.hidden_norm, self.config.rms_norm_eps)
         cos, sin = self.rotary.cos_sin(cache.positions(len(context)), self.dtype)
         for index, layer in enumerate(self.layers):
@@ -162,8 +153,8 @@ class DFlashDrafter:
         cache.advance(len(context))
 
     def draft(self, block_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """block_ids [B] (the anchor, then mask tokens) at the positions after the committed context ->
-        logits [B - 1, V] (float32) for the block's positions 1 … B - 1. The cache is left as it was."""
+        """block_ids [B] (anchor, then mask tokens) -> float32 logits [B - 1, V] for positions 1 … B - 1; the
+        cache is left as it was."""
         c = self.config
         eps = c.rms_norm_eps
         positions = cache.positions(len(block_ids))

@@ -1,12 +1,7 @@
 """The decoder every GLM MoE shares: dense MLPs on the first layers, then MoE layers whose sigmoid router
 ("noaux_tc": float32 scores, a correction bias used only for choosing, group limiting) picks routed SiLU
-experts from the expert cache, plus a shared expert. Attention is the architecture's own: GQA in
-glm4_moe.py, multi-head latent attention in mla.py (GLM-4.7-Flash), with DSA in glm_moe_dsa.py (GLM-5).
-
-A GLM model implements the engine's model interface (moe_decoder.py), and its `load_mtp()` gives a `GlmMtp`, its
-checkpoint's multi-token-prediction layer as a drafter (glm_mtp.py). The MTP layer reads the target's final hidden
-states (after the last norm): `forward(token_ids, cache, capture=(num_hidden_layers - 1,))` returns them beside
-the logits.
+experts, plus a shared expert. Attention is the architecture's own: GQA (glm4_moe.py), MLA (mla.py), DSA
+(glm_moe_dsa.py).
 """
 
 from dataclasses import MISSING, dataclass, fields
@@ -71,15 +66,13 @@ class GlmConfig:
 
     @property
     def rope(self) -> tuple[float, dict | None]:
-        """(theta, scaling): transformers-5 files say `rope_parameters`, older ones `rope_theta`/`rope_scaling`."""
+        # transformers-5 files say `rope_parameters`, older ones `rope_theta`/`rope_scaling`
         theta = (self.rope_parameters or {}).get("rope_theta", self.rope_theta)
         return theta, self.rope_scaling or self.rope_parameters
 
 
 @dataclass
 class Step:
-    """What the layers of one forward pass share."""
-
     positions: torch.Tensor  # [T]
     cos: torch.Tensor  # [T, rotary_dim / 2]
     sin: torch.Tensor
@@ -88,7 +81,7 @@ class Step:
 
 
 def expert_reader(config: GlmConfig, checkpoint: Checkpoint):
-    """(layer, expert) -> the expert's `{gate,up,down}_proj.weight` (+ FP8 scales) as stored in the checkpoint."""
+    """(layer, expert) -> `{gate,up,down}_proj.weight` (+ FP8 scales) as stored; every expert must share one format."""
     width, hidden = config.moe_intermediate_size, config.hidden_size
     shapes = {"gate_proj": (width, hidden), "up_proj": (width, hidden), "down_proj": (hidden, width)}
     first: list[tuple[int, int, dict]] = []
@@ -116,8 +109,8 @@ def expert_reader(config: GlmConfig, checkpoint: Checkpoint):
 
 def route(x: torch.Tensor, router: torch.Tensor, correction_bias: torch.Tensor, config: GlmConfig,
           chosen: torch.Tensor | None = None):
-    """x [T, H], router [E, H] and correction_bias [E] float32 -> (experts [T, k], weights [T, k] in x's dtype);
-    the router's scores weight `chosen` experts [T, k] instead where given (routing_override.py)."""
+    """x [T, H], router [E, H], correction_bias [E] float32 -> (experts [T, k], weights [T, k] in x's dtype);
+    given `chosen` [T, k] (routing_override.py), only weights those."""
     scores = torch.sigmoid(x.float() @ router.T)
     if chosen is None:
         choice = scores + correction_bias
@@ -146,12 +139,8 @@ class DenseMlp:
 
 
 class RoutedMoe:
-    """The router's top-k routed experts, run from the expert cache (`routed`); the unscaled shared expert
-    (`shared`) runs beside them on the layer's normed input.
-
-    While experts are offloaded, this layer's input also predicts the experts of the next MoE layers
-    (their routers applied to it), so that the cache can start copying them early.
-    """
+    """Routed experts from the cache, an unscaled shared expert beside them. While experts are offloaded, this
+    layer's input also predicts the next MoE layers' experts (their routers on it) so copies start early."""
 
     def __init__(self, model: "GlmModel", index: int):
         c = model.config
@@ -168,11 +157,9 @@ class RoutedMoe:
         self.shared = DenseMlp(model, prefix + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts)
 
     def choose(self, x: torch.Tensor) -> torch.Tensor:
-        """The experts [T, k] this layer's router picks for x [T, H]."""
         return route(x, self.router, self.correction_bias, self.config)[0]
 
     def routing(self, x: torch.Tensor) -> Routing:
-        """The routing of the normed hidden states x [T, H], with the look-ahead's predictions."""
         override = self.model.routing_override
         chosen = None if override is None else override.experts(self.index, len(x))
         experts, weights = route(x, self.router, self.correction_bias, self.config, chosen)
@@ -184,17 +171,12 @@ class RoutedMoe:
         return Routing(x, experts, weights, predictions)
 
     def routed(self, routing: Routing) -> torch.Tensor:
-        """The weighted sum [T, H] of the routed experts (host work when experts are offloaded)."""
         return self.experts.run(self.index, routing.hidden, routing.top_experts, routing.top_weights,
                                 self.run_experts, routing.predictions)
 
 
 class GlmLayer:
-    """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream.
-
-    A layer runs in the parts of the model interface (moe_decoder.py): attention, `until_routed` (the dense MLP
-    or the MoE's shared expert and router) and `with_routed_experts` (the MoE's routed experts).
-    """
+    """Pre-norm attention, then a pre-norm dense MLP or MoE, each added to the residual stream."""
 
     def __init__(self, model: "GlmModel", index: int, cache_layer: int):
         c = model.config
@@ -217,14 +199,13 @@ class GlmLayer:
         return residual if routing is None else residual + self.moe.routed(routing)
 
     def until_routed(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        """The residual after attention x [T, H] -> (plus the dense MLP or shared expert, the MoE's routing)."""
         normed = rms_norm(x, self.post_norm, self.eps)
         return x + self.mlp(normed), (self.moe.routing(normed) if self.moe is not None else None)
 
 
 class GlmModel(MoeDecoder):
-    """A GLM forward pass over one sequence. Subclasses give `rotary_dim`, `attention(index, cache_layer)`
-    and `kv_cache(capacity, layers)` (a cache for the given checkpoint layers, in that order)."""
+    """Subclasses give `rotary_dim`, `attention(index, cache_layer)` and `kv_cache(capacity, layers)` (a cache
+    for the given checkpoint layers, in that order)."""
 
     rotary_dim: int
 
@@ -257,8 +238,7 @@ class GlmModel(MoeDecoder):
     def weight(
         self, module: str, shape: tuple[int, ...], float32: bool = False, dequantized: bool = False
     ) -> torch.Tensor | Fp8Weight:
-        """A linear layer's weight [out, in] for `app.engine.layers.linear.linear`: on a GPU FP8 ones stay FP8, unless
-        the caller needs a tensor (`float32`, or `dequantized`: a weight used otherwise than as x @ W.T)."""
+        """[out, in] for `linear`: FP8 stays FP8 on a GPU unless `float32` or `dequantized` (not used as x @ W.T)."""
         dtype = torch.float32 if float32 else self.dtype
         if float32 or dequantized:
             return self.checkpoint.dequantized(module, shape, self.device, dtype)
@@ -269,7 +249,6 @@ class GlmModel(MoeDecoder):
         return self.kv_cache(capacity, list(range(self.config.num_hidden_layers)))
 
     def attention_context(self, num_tokens: int, cache: KVCache) -> Step:
-        """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         positions = cache.positions(num_tokens)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
         return Step(positions, cos, sin, causal_mask(positions, cache.num_rows(num_tokens), None))
@@ -286,14 +265,14 @@ class GlmModel(MoeDecoder):
         return self.layers[index].until_routed(x + attended)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
-        """The weighted sum [T, H] of the experts `routing` picked for MoE layer `index`."""
         return self.layers[index].moe.routed(routing)
 
     def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
         return self.moe_layers[index].choose(rms_norm(embedded, self.layers[index].post_norm, self.config.rms_norm_eps))
 
     def load_mtp(self) -> GlmMtp:
-        """The checkpoint's MTP layer (index `num_hidden_layers`) as a drafter; its routed experts share the cache."""
+        """The MTP layer (index `num_hidden_layers`) as a drafter (glm_mtp.py); its routed experts share the cache.
+        It reads the target's final hidden states: `forward(..., capture=(num_hidden_layers - 1,))`."""
         index = self.config.num_hidden_layers
         marker = f"model.layers.{index}.eh_proj.weight"
         if not self.checkpoint.has(marker):

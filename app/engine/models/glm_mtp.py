@@ -1,12 +1,10 @@
-"""GLM's multi-token-prediction (MTP) layer, stored as checkpoint layer `num_hidden_layers` and ignored by
-transformers, run as a drafter:
+"""GLM's multi-token-prediction layer (checkpoint layer `num_hidden_layers`, ignored by transformers) as a drafter:
 
     x = eh_proj(cat[enorm(embed(next_token)), hnorm(prev_hidden)])      embedding first
     x = decoder_layer(x)                                                 attention + MoE, its own KV cache
     logits = shared_head.head(shared_head.norm(x))
 
-`embed` and `shared_head.head` are the layer's own copies when the checkpoint has them (GLM-4.5,
-GLM-4.7-Flash), the target's otherwise (GLM-5). Its routed experts live in the shared expert cache.
+`embed` and `shared_head.head` are the layer's own where the checkpoint has them, else the target's (GLM-5).
 """
 
 import torch
@@ -17,15 +15,9 @@ from app.kernels.norms import rms_norm
 
 
 class GlmMtp:
-    """`draft(hidden, next_tokens, cache)`: hidden [T, H] are final hidden states at positions p … p+T-1 (the
-    target's, `forward(..., capture=(num_hidden_layers - 1,))`, or this drafter's own from its previous
-    step) and next_tokens [T] the
-    tokens at p+1 … p+T. It returns logits [T, V] (float32) for the tokens at p+2 … p+T+1 and its hidden
-    states [T, H] (before shared_head.norm), which stand in for the target's in the next draft step.
-
-    The cache is the drafter's own (`new_kv_cache`): row p holds the entry made from (hidden at p, token at
-    p+1), and rope uses position p. Rewind it with `truncate(n)` like the target's cache.
-    """
+    """`draft(hidden, next_tokens, cache)`: final hidden states [T, H] at p … p+T-1 (the target's or its own
+    previous ones) and next_tokens [T] at p+1 … p+T -> float32 logits [T, V] for p+2 … p+T+1 and its hidden
+    states [T, H] before shared_head.norm. Cache row p (rope position p) is made from (hidden p, token p+1)."""
 
     def __init__(self, target, index: int, layer):
         c = target.config

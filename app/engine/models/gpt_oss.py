@@ -112,7 +112,7 @@ def expert_reader(config: GptOssConfig, checkpoint: Checkpoint):
 
 
 class GptOss(MoeDecoder):
-    """The GPT-OSS forward pass over one sequence: resident weights plus the shared expert cache."""
+    """Resident weights plus the shared expert cache."""
 
     def __init__(self, config: GptOssConfig, checkpoint: Checkpoint, experts: ExpertCache, dtype: torch.dtype):
         c = self.config = config
@@ -167,7 +167,6 @@ class GptOss(MoeDecoder):
         return KVCache(c.num_hidden_layers, capacity, {"k": shape, "v": shape}, self.dtype, self.device)
 
     def attention_context(self, num_tokens: int, cache: KVCache) -> AttentionContext:
-        """What every layer's attention reads for the `num_tokens` positions after the cache's committed ones."""
         positions = cache.positions(num_tokens)
         masks = {} if self._attends_in_kernel(num_tokens) else {
             window: causal_mask(positions, cache.num_rows(num_tokens), window)
@@ -190,7 +189,6 @@ class GptOss(MoeDecoder):
         return x, self._routing(index, layer, normed)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
-        """The weighted sum [T, H] of the experts `routing` picked (host work when experts are offloaded)."""
         return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
                                 routing.predictions)
 
@@ -227,7 +225,7 @@ class GptOss(MoeDecoder):
         return Routing(x, top_experts, top_weights, predictions)
 
     def _route(self, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
-        """The router's top-k experts and their softmax weights [T, k] for normed hidden states x [T, H]."""
+        """x [T, H] normed -> top-k experts and their softmax weights [T, k]."""
         return self.route(x, layer["router"], layer["router_bias"], self.config.num_experts_per_tok)
 
     def _router_logits(self, layer, x) -> torch.Tensor:

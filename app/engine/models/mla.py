@@ -1,10 +1,9 @@
 """Multi-head latent attention (MLA, DeepSeek-V3 style), shared by GLM-4.7-Flash and GLM-5.
 
-Per token the cache keeps one "latent" row [kv_lora_rank + qk_rope_head_dim]: the normalised KV latent
-followed by the rotated rope key that all heads share. Full keys and values are never built: kv_b_proj's
-key half moves each query's no-rope part into latent space, attention runs as one shared latent "head"
-(values are the latent), and kv_b_proj's value half maps the result back per head. Shapes come from the
-lora/nope/rope/v fields, not from `head_dim` (GLM-5.2 sets head_dim 192 with a 64-dim rope).
+The cache row per token is "latent" [kv_lora_rank + qk_rope_head_dim]: normed KV latent, then the shared rotated
+rope key. Full keys and values are never built: kv_b_proj's key half moves queries into latent space, attention
+runs as one latent "head", its value half maps back per head. Shapes come from the lora/nope/rope/v fields, not
+`head_dim` (GLM-5.2: head_dim 192 with a 64-dim rope).
 """
 
 from dataclasses import dataclass
@@ -58,7 +57,7 @@ class LatentAttention:
         return rms_norm(linear(x, self.q_a), self.q_a_norm, LATENT_NORM_EPS)
 
     def visible(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        """Which cached tokens each query reads [T, L]: all earlier ones (DSA narrows this down)."""
+        """-> [T, L]: all earlier tokens (DSA narrows this down)."""
         return step.visible
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
@@ -78,5 +77,4 @@ class LatentAttention:
 
 
 def latent_shape(config: MlaConfig) -> tuple[int]:
-    """The cache's "latent" row per token and layer."""
     return (config.kv_lora_rank + config.qk_rope_head_dim,)

@@ -1,6 +1,4 @@
-"""Passes over a KV cache captured once as CUDA graphs and replayed: no launch overhead, no host work
-per layer. The target's decode and verify steps are graphs when their experts need no host (every expert
-resident, or misses served on the device); the drafter's passes always can be."""
+"""Passes over a KV cache captured once as CUDA graphs and replayed: no launch overhead, no host work per layer."""
 
 from collections.abc import Callable
 
@@ -11,16 +9,13 @@ from app.engine.layers.kv_cache import KVCache
 
 
 def graph_ready(model) -> bool:
-    """A target step can be a graph: it runs on a GPU and its experts need no host work (every one is
-    resident, or misses served on the device: experts/cache.py)."""
+    """A GPU, and experts that need no host work (all resident, or misses served on the device)."""
     return model.device.type == "cuda" and model.experts.host_free_passes
 
 
 class PassGraph:
-    """`run(inputs)` for inputs shaped like `example` [T, ...], written at the T positions after the
-    cache's committed ones, captured at construction. The cache must stay the same object; replaying
-    commits `advance` rows (what `run` itself would commit). The output is overwritten by the next
-    replay of this graph or of any graph sharing its `pool`."""
+    """`run(inputs)` for inputs shaped like `example` [T, ...]. The cache must stay the same object; a replay
+    commits `advance` rows; the next replay of any graph sharing `pool` overwrites the output."""
 
     def __init__(self, run: Callable[[torch.Tensor], object], cache: KVCache, example: torch.Tensor, advance: int,
                  pool=None):
@@ -48,8 +43,7 @@ class PassGraph:
 
 
 class DecodeGraph:
-    """The target's forward pass over `num_tokens` positions. With `capture` (layer indices, see the
-    model's forward) each step also leaves those layers' outputs in `features` [T, F]."""
+    """The target's forward over `num_tokens` positions; with `capture`, features [T, F] in `features`."""
 
     def __init__(self, model, cache: KVCache, capture: tuple[int, ...] = (), num_tokens: int = 1, pool=None):
         self.device = cache.device
@@ -60,10 +54,8 @@ class DecodeGraph:
         self.logits, self.features = self.graph.output if capture else (self.graph.output, None)
 
     def run(self, tokens: list[int]) -> torch.Tensor:
-        """Feed `num_tokens` tokens after the committed ones; return their logits [T, V]."""
         self.graph(torch.tensor(tokens, dtype=torch.long).to(self.device, non_blocking=True))
         return self.logits
 
     def step(self, token: int) -> torch.Tensor:
-        """Feed one token after the committed ones; return its logits [V]."""
         return self.run([token])[-1]

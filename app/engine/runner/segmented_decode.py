@@ -1,13 +1,9 @@
 """The decode step when routed experts are offloaded: CUDA graphs between the host's expert work.
 
-Routing decides on the host which experts to copy, so such a step cannot be one graph (cuda_graph.py), but
-everything between two layers' expert ops can. Segment i adds the expert output of the i-th layer with
-routed experts to its residual and runs the layers after it up to the next one's router, layers without
-routed experts (GLM's dense ones: `until_experts` gives no routing) whole (the first segment also embeds
-the token and builds the masks and rotary tables of its position); a last segment adds the last expert
-output and runs the rest, then norms and projects. Between two replays the host reads the routing, copies
-misses and runs the expert op (itself a graph, experts/op_graph.py) through the model's `routed_experts`, as the
-eager forward does: the expert cache sees the same calls in the same order, look-ahead prefetch included.
+Routing decides on the host which experts to copy, so the step cannot be one graph (cuda_graph.py), but what lies
+between two layers' expert ops can: segment i adds the i-th expert layer's output and runs up to the next router
+(dense layers whole); the first also embeds, the last norms and projects. Between replays the host runs the
+model's `routed_experts` as the eager forward does, so the expert cache sees the same calls in the same order.
 """
 
 from collections.abc import Callable, Iterator
@@ -23,17 +19,14 @@ from app.engine.layers.kv_cache import KVCache
 
 
 def segments_ready(model) -> bool:
-    """A decode step can be segmented: a GPU, experts that need the host (else one graph runs the whole step,
-    cuda_graph.graph_ready: with some experts on disk, say) in one device's cache,."""
+    """A GPU, experts in one device's cache that need the host (else cuda_graph.graph_ready: one graph)."""
     return (model.device.type == "cuda" and isinstance(model.experts, ExpertCache)
             and not model.experts.host_free_passes)
 
 
 class SegmentedDecode:
-    """One token after the cache's committed ones -> its logits [1, V] and, with `capture` (layer indices, see
-    the model's forward), its features [1, F]. The segments write to tensors that stay the same from step to
-    step, so on a GPU each is captured once (at construction) and replayed; elsewhere they simply run. The
-    cache must stay the same object; the outputs are overwritten by the next step."""
+    """One token -> logits [1, V] and, with `capture`, features [1, F]. Segments write to static tensors, so on a
+    GPU each is captured once and replayed. The cache must stay the same object; the next step overwrites outputs."""
 
     def __init__(self, model, cache: KVCache, capture: tuple[int, ...] = ()):
         self.model, self.cache, self.capture = model, cache, capture
@@ -54,11 +47,10 @@ class SegmentedDecode:
         self.replays = self._captured(segments) if device.type == "cuda" else segments
 
     def step(self, token: int) -> torch.Tensor:
-        """Feed one token after the committed ones; return its logits [V]."""
         return self.run([token])[-1]
 
     def run(self, tokens: list[int]) -> torch.Tensor:
-        """Feed [token] after the committed ones; return its logits [1, V] (`features` holds its features)."""
+        """-> logits [1, V]; `features` holds its features."""
         (token,) = tokens
         self.cache.check_room(1)
         self.token.fill_(token)
@@ -72,8 +64,8 @@ class SegmentedDecode:
         return self.logits
 
     def _segment(self, number: int) -> None:
-        """From the routed experts of expert layer `number` - 1 (the first: from the embedding) to the router
-        of expert layer `number` (the last: to the logits)."""
+        """From expert layer `number` - 1's routed experts (or the embedding) to expert layer `number`'s router
+        (or the logits)."""
         if number == 0:
             x, first = self.model.embed[self.token], 0
             self.context = self.model.attention_context(1, self.cache)
@@ -93,15 +85,13 @@ class SegmentedDecode:
             self.logits, self.features = out if self.capture else (out, None)
 
     def _layer_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Layer `index`'s output x [1, H], kept when it is captured."""
         if index in self.capture:
             self.layer_outputs[index] = x
         return x
 
     def _captured(self, segments: list[Callable[[], None]]) -> list[Callable[[], None]]:
-        """Each segment as the replay of a CUDA graph captured from it. They share one memory pool: they
-        always replay one after another in the order captured, and every tensor a later segment or the host
-        reads stays referenced here, so a segment only reuses memory that earlier ones no longer need."""
+        """The graphs share one memory pool: they always replay in capture order, and every tensor a later
+        segment or the host reads stays referenced here, so a segment reuses only memory no longer needed."""
         with self._static_positions():
             warm_up(lambda: [segment() for segment in segments], self.cache.device, self.cache)
             pool = torch.cuda.graph_pool_handle()

@@ -1,10 +1,6 @@
-"""The one owner of a model's passes over a KV cache: the cache, and the programs that run passes over it.
-
-A pass of T tokens runs as a CUDA graph where its experts need no host work (cuda_graph.py: every expert
-resident, or misses served on the device), as a graph per layer around the host's expert work where they do
-(segmented_decode.py, single tokens), and eagerly otherwise (a CPU; verify blocks with experts on disk).
-Programs are captured on first use and kept for every later sequence over the same cache: a new sequence
-only empties it. After every pass the expert cache settles (experts/cache.py).
+"""The one owner of a model's passes over a KV cache. A pass runs as one CUDA graph where experts need no host
+work (cuda_graph.py), as graphs around the host's expert work for single tokens (segmented_decode.py), else
+eagerly. Programs are captured on first use and kept for later sequences over the same cache.
 """
 
 from collections.abc import Callable, Iterable
@@ -21,9 +17,8 @@ def prefill(
     model, cache: KVCache, prompt_ids: list[int], capture: tuple[int, ...] = (),
     on_features: Callable[[list[int], torch.Tensor], None] | None = None,
 ) -> torch.Tensor:
-    """Run the prompt through the model in chunks; return the logits of its last position [V]. With
-    `capture` (layer indices), each chunk's token ids and features [chunk, F] go to `on_features` (see
-    the model's forward)."""
+    """-> logits of the last position [V]; with `capture`, each chunk's ids and features [chunk, F] go to
+    `on_features`."""
     ids = torch.tensor(prompt_ids, device=model.device)
     for start in range(0, len(ids), PREFILL_CHUNK):
         chunk = ids[start : start + PREFILL_CHUNK]
@@ -36,7 +31,7 @@ def prefill(
 
 
 class EagerPass:
-    """A pass run by the model's forward, with the interface of the captured ones."""
+    """The model's forward behind the captured passes' interface."""
 
     def __init__(self, model, cache: KVCache, capture: tuple[int, ...]):
         self.model, self.cache, self.capture = model, cache, capture
@@ -49,9 +44,7 @@ class EagerPass:
 
 
 class StepRunner:
-    """Passes over one KV cache of `capacity` tokens, after its committed ones. `run` returns logits [T, V]
-    and, with `capture` (layer indices, see the model's forward), features [T, F]; both are overwritten by
-    the next pass of the same size."""
+    """Passes over one KV cache of `capacity` tokens; outputs are overwritten by the next pass of the same size."""
 
     def __init__(self, model, capacity: int):
         self.model = model
@@ -61,24 +54,22 @@ class StepRunner:
         self._pool = None  # the graphs' memory pool: they replay one at a time
 
     def begin(self) -> KVCache:
-        """A new sequence: the cache is emptied; the programs stay."""
         self.cache.truncate(0)
         return self.cache
 
     def prepare(self, sizes: Iterable[int], capture: tuple[int, ...] = ()) -> None:
-        """Have the programs of these pass sizes ready (captured before a prefill, no step waits for them)."""
+        """Capture these pass sizes before a prefill, so no step waits for them."""
         for size in sizes:
             self.program(size, capture)
 
     def prefill(self, prompt_ids: list[int], capture: tuple[int, ...] = (),
                 on_features: Callable[[list[int], torch.Tensor], None] | None = None) -> torch.Tensor:
-        """The prompt after the committed tokens, in chunks; the logits of its last position [V]."""
         logits = prefill(self.model, self.cache, prompt_ids, capture, on_features)
         self.model.experts.settle()
         return logits
 
     def run(self, tokens: list[int], capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Feed `tokens` after the committed ones (committing them): logits [T, V], features [T, F] or None."""
+        """Commits `tokens`: -> logits [T, V], features [T, F] or None."""
         program = self.program(len(tokens), capture)
         logits = program.run(tokens)
         self.model.experts.settle()
@@ -101,11 +92,9 @@ class StepRunner:
 
 
 class RunnerPool:
-    """Runners for the sequences of a batch, each a cache that holds one sequence: a sequence takes an idle
-    runner as large as it needs (its captured passes with it) or a new one of its size, and gives it back
-    when it ends. The caches, held and idle, never hold more than `tokens` tokens (the KV cache the plan
-    reserved): idle ones are dropped, largest first, when a new one needs their room. With `sole` (a runner
-    of all `tokens`) every sequence runs over that one, one at a time, keeping its passes for the next."""
+    """A sequence takes an idle runner large enough (its captured passes with it) or a new one of its size. All
+    caches together never exceed `tokens` (the planned KV cache): idle ones are dropped, largest first, for room.
+    With `sole` every sequence runs over one runner of all `tokens`, one at a time."""
 
     def __init__(self, model, tokens: int, sole: StepRunner | None = None):
         self.model, self.tokens, self.sole = model, tokens, sole
@@ -113,7 +102,6 @@ class RunnerPool:
         self.held: list[StepRunner] = []
 
     def fits(self, capacity: int) -> bool:
-        """A sequence whose cache holds `capacity` tokens can take a runner now."""
         if self.sole is not None:
             return not self.held
         return sum(runner.cache.capacity for runner in self.held) + capacity <= self.tokens

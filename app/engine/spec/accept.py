@@ -1,14 +1,10 @@
-"""Which drafts a verify keeps, and the token after them: rules under which the emitted tokens follow
-exactly the target's distribution (its temperature / top-k / top-p included).
+"""Which drafts a verify keeps, and the token after them, so emitted tokens follow exactly the target's
+distribution (sampling parameters included).
 
-- One-hot proposals (a deterministic drafter): draw the target's own token y_i at every block
-  position, keep drafts while d_i == y_i, emit y at the first mismatch (or at the last position when
-  every draft is kept). At each position this keeps d with probability p(d) and otherwise emits a
-  token of p with d removed, renormalised: Leviathan / Chen's rule for q = one-hot(d). Greedy is the
-  case p = one-hot(argmax).
-- Sampled proposals d_i ~ q_i: keep with probability min(1, p_i(d_i) / q_i(d_i)); on the first
-  rejection emit a token of norm(max(p_i - q_i, 0)); when every draft is kept, the bonus token comes
-  from p at the last position.
+- One-hot proposals: draw the target's y_i at every position, keep drafts while d_i == y_i, emit y at the first
+  mismatch: Leviathan / Chen's rule for q = one-hot(d) (greedy: p = one-hot(argmax)).
+- Sampled d_i ~ q_i: keep with probability min(1, p_i(d_i) / q_i(d_i)); on rejection emit from
+  norm(max(p_i - q_i, 0)); if all are kept, the bonus token comes from p at the last position.
 """
 
 import torch
@@ -17,8 +13,7 @@ from app.engine.generation.sampling import Sampler
 
 
 def accept_one_hot(drafts: list[int], target_logits: torch.Tensor, sampler: Sampler) -> tuple[int, int]:
-    """drafts [B - 1], target_logits [B, V] of the verify -> (drafts kept, the token that follows them).
-    The y_i are drawn independently; those after the first mismatch are never looked at."""
+    """drafts [B - 1], target_logits [B, V] -> (drafts kept, the token that follows them)."""
     targets = sampler.sample_each(target_logits)
     for position, (draft, target) in enumerate(zip(drafts, targets, strict=False)):
         if draft != target:

@@ -30,8 +30,7 @@ class DFlashSpeculation:
         self._idle: list[tuple[KVCache, DraftGraphs | None]] = []  # contexts no generation holds
 
     def budget_left(self, gpu_budget: int | None, context: int, dtype: str) -> int | None:
-        """The GPU budget that remains for the target once the drafter's weights and context cache
-        are set aside."""
+        """What remains for the target after the drafter's weights and context cache."""
         if gpu_budget is None:
             return None
         needed = self.config.device_bytes(self.folder, context, dtype)
@@ -45,9 +44,8 @@ class DFlashSpeculation:
         self.drafter = DFlashDrafter(self.config, Checkpoint(self.folder), model)
 
     def new_drafter(self, capacity: int) -> "DFlashProposer":
-        """A proposer for one generation, over a context cache of its own. A context given back (`release`),
-        and the CUDA graphs captured over it, serve the next generation of the same capacity; one of another
-        capacity is dropped, so that the contexts kept add up to no more than the generations running."""
+        """A released context (and its graphs) serves the next generation of the same capacity; one of another
+        capacity is dropped, so kept contexts never outnumber the running generations."""
         idle = next((held for held in self._idle if held[0].capacity == capacity), None)
         if idle is None:
             self._idle.clear()
@@ -60,14 +58,12 @@ class DFlashSpeculation:
         return DFlashProposer(self.drafter, context, graphs)
 
     def release(self, proposer: "DFlashProposer") -> None:
-        """The generation `proposer` served has ended: its context may serve another."""
         self._idle.append((proposer.context, proposer.graphs))
 
 
 class DraftGraphs:
-    """The drafter's passes as CUDA graphs, captured over one context cache: a draft for every block size
-    and the context of every number of newly committed positions up to the block size (a speculative
-    step commits 1 … B); a prompt's context, longer, runs eagerly."""
+    """Over one context cache: a draft per block size and a context pass per 1 … B newly committed positions;
+    a prompt's context runs eagerly."""
 
     def __init__(self, drafter: DFlashDrafter, context: KVCache):
         pool = torch.cuda.graph_pool_handle()
@@ -101,8 +97,7 @@ class DFlashProposer:
             self._add_pending()
 
     def propose(self, anchor: int, count: int, sampler: Sampler) -> Proposal:
-        """Drafts are the drafter's argmax when decoding greedily, else drawn from its distribution
-        under the same sampling parameters as the target's."""
+        """Greedy: the drafter's argmax; else drawn under the target's sampling parameters."""
         self._add_pending()
         block = torch.full((count + 1,), self.drafter.config.mask_token_id, device=self.drafter.device)
         block[0] = anchor

@@ -11,8 +11,7 @@ from app.engine.generation.sampling import Sampler
 
 @dataclass(frozen=True)
 class Proposal:
-    """Draft tokens and, for drafts sampled from a distribution, that distribution [len(tokens), V];
-    None means each draft is a deterministic choice (a one-hot proposal)."""
+    """`probs` [len(tokens), V] for sampled drafts; None: deterministic (one-hot) drafts."""
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
@@ -25,16 +24,15 @@ class Drafter(Protocol):
     target_layers: tuple[int, ...]  # target layers whose outputs `commit` receives
 
     def commit(self, token_ids: list[int], features: torch.Tensor) -> None:
-        """The next committed positions, in order: their tokens [N] and captured target features [N, F]."""
+        """The next committed positions: tokens [N], target features [N, F]."""
 
     def propose(self, anchor: int, count: int, sampler: Sampler) -> Proposal:
-        """`count` drafts to follow `anchor`, the token at the position after the committed ones."""
+        """`anchor`: the token at the position after the committed ones."""
 
 
 class Speculation(Protocol):
-    """A way to speculate, set up next to a target: `budget_left` before the target loads (what the
-    drafter needs on the device comes out of the GPU budget), `load` after, then one drafter per
-    generation. `block_size` is the forced block size, None for the cost-aware policy."""
+    """`budget_left` before the target loads, `load` after, then one drafter per generation. `block_size`: forced,
+    None for the cost-aware policy."""
 
     block_size: int | None
 

@@ -21,14 +21,8 @@ def speculative_generate(
     fetch_bandwidth: float | None = None,
     answer: AnswerEvents | None = None,
 ) -> Iterator[Tokens | Done]:
-    """A new sequence over the runner's cache: yield one `Tokens` per step (with `drafted` and `spec`), then
-    `Done` whose stats add `spec`; `answer` makes them, as for `generate`.
-
-    `block_size` forces every step to verify that many positions (fewer when the answer or the context
-    ends sooner); None lets the cost-aware policy choose per step, with `fetch_bandwidth` (bytes/s) as
-    its first guess of the host-to-device copy speed. The tokens are those `generate` would emit:
-    identical when greedy, identically distributed when sampling.
-    """
+    """`generate`'s events, Tokens and Done with `spec`. `block_size` None: the cost-aware policy, starting from
+    `fetch_bandwidth` (bytes/s). Tokens are identical to `generate`'s when greedy, identically distributed else."""
     answer = answer or AnswerEvents()
     sequence = Sequence(answer.request_id, prompt_ids, runner, sampler, max_new_tokens, stop_ids, answer=answer,
                         drafter=drafter, block_size=block_size, fetch_bandwidth=fetch_bandwidth)

@@ -1,9 +1,6 @@
-"""MTP speculation: GLM's own multi-token-prediction layer drafts k tokens by running k times, each
-time on its previous output (`GlmMtp` in models/glm_mtp.py holds the weights and the math).
-
-Row p of the MTP layer's KV cache is made from (the target's final hidden state at p, the token at
-p + 1), so the row of the last committed position waits for the next anchor; the rows made from the
-layer's own hidden states while drafting are dropped as soon as the drafts are out.
+"""MTP speculation: GLM's MTP layer (models/glm_mtp.py) drafts k tokens by running k times on its own output.
+Cache row p needs the token at p + 1, so the last committed row waits for the next anchor; rows made while
+drafting are dropped once the drafts are out.
 """
 
 import torch
@@ -19,8 +16,7 @@ MTP_BLOCK_SIZE = 4  # the anchor and 3 drafts: acceptance falls fast after the f
 
 
 class MtpSpeculation:
-    """Its weights and KV cache are outside the target's plan: their bytes come out of the GPU budget
-    before the target loads; the layer itself loads after, from the target's checkpoint."""
+    """Its bytes come out of the GPU budget before the target loads; the layer loads after, from its checkpoint."""
 
     def __init__(self, facts: ModelFacts, block_size: int | None):
         self.facts = facts
@@ -52,8 +48,7 @@ class MtpSpeculation:
 
 
 class MtpProposer:
-    """The MTP layer serving one generation: committed positions wait (token and target hidden state)
-    until the next anchor completes their rows; every proposal then drafts from the last row on."""
+    """One generation's MTP layer; committed positions wait for the next anchor to complete their rows."""
 
     def __init__(self, mtp: GlmMtp, capacity: int, block_size: int):
         self.mtp = mtp
@@ -68,8 +63,7 @@ class MtpProposer:
         self.hidden.append(features)
 
     def propose(self, anchor: int, count: int, sampler: Sampler) -> Proposal:
-        """Greedy drafts are the layer's argmax; sampled ones are drawn from its distribution under the
-        target's sampling parameters."""
+        """Greedy: the layer's argmax; else drawn under the target's sampling parameters."""
         device = self.mtp.target.device
         next_tokens = torch.tensor([*self.tokens[1:], anchor], device=device)
         logits, hidden = self.mtp.draft(torch.cat(self.hidden), next_tokens, self.cache)

@@ -1,10 +1,5 @@
-"""Route-ahead prefetch for a verify pass.
-
-The block is known before its pass starts, so the copies of the experts its first MoE layers will need
-can start then: those layers' routers applied to the block's token embeddings guess them. Later layers
-are predicted inside the pass, several layers ahead, by their routers applied to the hidden states
-of the layer that runs (`ExpertCache.lookahead_layers`). Every prediction is recorded when it is made,
-before the layer it predicts runs, so the cache scores coverage and waste honestly.
+"""Route-ahead prefetch for a verify pass: the block is known before the pass, so its first MoE layers' routers on
+the token embeddings guess their experts and the copies start early (later layers are predicted in the pass).
 """
 
 import torch

@@ -1,5 +1,4 @@
-"""The cost-aware block size of each speculative step: running statistics of the generation so far
-(how often each draft position is kept, what steps cost, how many experts they copied) turned into the
+"""The cost-aware block size of each speculative step: running statistics of the generation turned into the
 inputs of `policy.choose_block_size`."""
 
 import math
@@ -44,12 +43,10 @@ class AcceptanceRates:
 
 
 class StepCostFit:
-    """seconds ≈ single·[B = 1] + verify·[B > 1] + position·B·[B > 1] + fetch·(experts copied), by least
-    squares over recent steps (older ones fade). Until steps at several block sizes tell them apart, a
-    verify's time is put on its fixed part rather than on its positions (a batch-1 pass on a GPU reads
-    the same weights whatever B is); the fetch term is held near its prior (expert bytes / bandwidth)
-    with the weight of one step that copies `prior_copies` experts, until steps say otherwise. Steps are
-    folded in when the costs are asked for, so recording one costs next to nothing."""
+    """seconds ≈ single·[B = 1] + verify·[B > 1] + position·B·[B > 1] + fetch·(experts copied), least squares over
+    fading steps. Until several block sizes are seen, a verify's time goes on its fixed part (a batch-1 GPU pass
+    reads the same weights whatever B); the fetch term is held near its prior (expert bytes / bandwidth) with
+    the weight of one step copying `prior_copies` experts. Steps are folded in lazily, when costs are asked for."""
 
     def __init__(self, fetch_s: float, prior_copies: int):
         self.gram = np.zeros((4, 4))
@@ -75,16 +72,11 @@ class StepCostFit:
 
 
 class BlockSizer:
-    """`choose(room)` before a step, `record(...)` after it. The first steps verify two positions, then
-    come plain steps, so both kinds of step are timed before the policy decides. The first step of a block
-    size in this process (`warmed_up`) is not timed: it pays for compiling kernels and allocating buffers
-    that later steps of that size reuse, and would make that size look slower than it is. Nor is a verify
-    that follows the prompt or plain steps: its drafter first takes in every position committed since its
-    last pass, which on a GPU costs as much as many plain steps (an eager pass over the prompt or the
-    streak) and is not what a verify costs while drafting goes on. In a streak of
-    plain steps the decision is looked at again every `RECHECK_EVERY` steps only, and a probe comes only
-    after enough plain steps that its extra cost stays near `PROBE_SHARE` of theirs, so that not
-    speculating costs next to nothing over plain decoding."""
+    """`choose(room)` before a step, `record(...)` after it. The first steps verify two positions, then plain ones,
+    so both kinds are timed before the policy decides. Not timed: the first step of a size in this process
+    (`warmed_up`: it pays for compiling and allocating), and a verify after the prompt or plain steps (its drafter
+    first catches up on every committed position). In a plain streak the decision is rechecked every
+    `RECHECK_EVERY` steps and a probe costs about `PROBE_SHARE` of the streak, so not speculating stays cheap."""
 
     def __init__(self, experts: ExpertCache, top_k: int, max_block: int, fetch_bandwidth: float | None = None,
                  warmed_up: set[int] = WARMED_UP):
@@ -104,7 +96,7 @@ class BlockSizer:
         self._uniform_fetches: list[float] | None = None
 
     def choose(self, room: int) -> int:
-        """The block size of the next step, at most `room` (≥ 1)."""
+        """room ≥ 1."""
         self._uniform_fetches = None
         holding = self.policy_said_plain and self.plain_streak < self.probe_after and self.plain_streak % RECHECK_EVERY
         if room == 1 or holding:

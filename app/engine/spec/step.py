@@ -12,9 +12,8 @@ from app.engine.spec.routing import prefetch_for_block
 
 
 class Speculator:
-    """A target model, its KV cache and a drafter, kept in step: after every step the target cache and
-    the drafter's context hold exactly the committed tokens (the prompt and every emitted token but
-    the last, which is the next step's anchor)."""
+    """After every step the target cache and the drafter's context hold exactly the committed tokens (all but the
+    last emitted, which is the next anchor)."""
 
     def __init__(self, runner: StepRunner, drafter: Drafter, sampler: Sampler):
         self.runner = runner
@@ -27,21 +26,18 @@ class Speculator:
         runner.prepare(range(1, drafter.block_size + 1) if graph_ready(self.model) else [1], self.capture)
 
     def prefill(self, prompt_ids: list[int]) -> torch.Tensor:
-        """The prompt's last logits [V]; the drafter receives the features of every prompt position."""
+        """-> the last logits [V]; the drafter receives the features of every prompt position."""
         return self.runner.prefill(prompt_ids, self.capture, self.drafter.commit)
 
     def step(self, anchor: int, block_size: int) -> tuple[list[int], int]:
-        """Verify `anchor` and block_size - 1 drafts in one pass (block_size 1: a plain decode step).
-        Returns the emitted tokens (the kept drafts, then the target's own next token) and the number
-        of drafts kept."""
+        """One pass over `anchor` and block_size - 1 drafts -> (kept drafts then the target's token, drafts kept)."""
         block, proposal = self.draft(anchor, block_size)
         logits, features = self.runner.run(block, self.capture)
         # the features are copied out: the drafter keeps them past the next pass
         return self.accept(block, proposal, logits, features.clone())
 
     def draft(self, anchor: int, block_size: int) -> tuple[list[int], Proposal]:
-        """The block a step verifies, [anchor, *drafts], and the drafts' proposal; the copies of the block's
-        first experts start (route-ahead prefetch, where the cache copies on the host)."""
+        """-> ([anchor, *drafts], proposal); starts copying the block's first experts (route-ahead prefetch)."""
         proposal = self.drafter.propose(anchor, block_size - 1, self.sampler) if block_size > 1 else Proposal()
         block = [anchor, *proposal.tokens]
         prefetch_for_block(self.model, block)
@@ -49,9 +45,7 @@ class Speculator:
 
     def accept(self, block: list[int], proposal: Proposal, logits: torch.Tensor,
                features: torch.Tensor) -> tuple[list[int], int]:
-        """After the target's pass over `block` (committed in the cache): its logits [B, V] and features
-        [B, F] decide the kept drafts; the cache and the drafter are rewound to what is kept. Returns the
-        emitted tokens and the number of drafts kept."""
+        """After the pass over `block`: logits [B, V], features [B, F]; rewinds cache and drafter to what is kept."""
         if proposal.probs is None:
             kept, token = accept_one_hot(proposal.tokens, logits, self.sampler)
         else:

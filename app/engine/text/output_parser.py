@@ -42,7 +42,7 @@ class IncrementalText:
 
 
 class OutputParser(ABC):
-    """Splits a generated stream into messages; subclasses decide where messages begin and end."""
+    """Subclasses decide where messages begin and end."""
 
     def __init__(self, decode: Decode, kind: PieceKind):
         self._decode = decode
@@ -79,7 +79,7 @@ class OutputParser(ABC):
 
 
 class PlainParser(OutputParser):
-    """For models without a reasoning format: everything is the answer."""
+    """Everything is the answer."""
 
     def __init__(self, decode: Decode):
         super().__init__(decode, PieceKind.ANSWER)
@@ -89,10 +89,7 @@ class PlainParser(OutputParser):
 
 
 class ThinkParser(OutputParser):
-    """GLM style: text between `<think>` and `</think>` is reasoning.
-
-    `in_reasoning_at_start` is for chat templates that already opened `<think>` in the prompt.
-    """
+    """`in_reasoning_at_start`: the chat template already opened `<think>` in the prompt."""
 
     def __init__(self, decode: Decode, think_id: int, end_think_id: int, in_reasoning_at_start: bool):
         super().__init__(decode, PieceKind.REASONING if in_reasoning_at_start else PieceKind.ANSWER)
@@ -109,11 +106,8 @@ class ThinkParser(OutputParser):
 
 
 class HarmonyParser(OutputParser):
-    """gpt-oss "harmony": `<|start|>role<|channel|>name<|message|>body<|end|>`, repeated.
-
-    The prompt ends with `<|start|>assistant`, so the stream usually begins at `<|channel|>`;
-    body text outside any header counts as the answer.
-    """
+    """`<|start|>role<|channel|>name<|message|>body<|end|>`, repeated; the stream usually begins at `<|channel|>`
+    (the prompt ends with `<|start|>assistant`); body text outside any header counts as the answer."""
 
     HEADER_TOKENS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>")
     TERMINATOR_TOKENS = ("<|end|>", "<|return|>", "<|call|>")

@@ -57,10 +57,7 @@ class ChatTokenizer:
         return self.encode(text)
 
     def output_parser(self, prompt_ids: Sequence[int] = ()) -> OutputParser:
-        """A parser for this tokenizer's chat format.
-
-        Pass the ids from `render_chat`: a think-style template may open `<think>` in the prompt.
-        """
+        """Pass the ids from `render_chat`: a think-style template may open `<think>` in the prompt."""
         decode_text = partial(self.decode, skip_special_tokens=True)
         if all(token in self._vocab for token in HarmonyParser.CONTROL_TOKENS):
             return HarmonyParser(decode_text, self._vocab)

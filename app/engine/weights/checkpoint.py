@@ -18,7 +18,7 @@ SAMPLE_ELEMENTS = 1 << 14  # a larger tensor is checked at its start, middle and
 
 
 class Checkpoint:
-    """Read-only access to the tensors of a `ModelFolder`, checked against the shapes a model expects."""
+    """Tensors checked against the shapes a model expects."""
 
     def __init__(self, folder: ModelFolder):
         self.folder = folder
@@ -64,8 +64,7 @@ class Checkpoint:
         return self._maps[key]
 
     def stored_weight(self, module: str, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
-        """`{module}.weight` as stored: {"weight": ...}, plus {"weight_scale" or "weight_scale_inv": ...} when the
-        weight is FP8 (the keys `app.kernels.formats.fp8.dequantize` reads)."""
+        """{"weight"}, plus "weight_scale" or "weight_scale_inv" for FP8 (the keys `fp8.dequantize` reads)."""
         weight = self.tensor(f"{module}.weight", shape)
         if weight.dtype != torch.float8_e4m3fn:
             return {"weight": weight}
@@ -87,8 +86,7 @@ class Checkpoint:
         return {"weight": weight, suffix: self.tensor(scale_name, expected)}
 
     def loader(self, device: torch.device, dtype: torch.dtype, prefix: str = ""):
-        """`load(name, shape, keep_float32=False)`: a resident weight, shape-checked, on `device` in
-        `dtype` (norms stay float32 when asked)."""
+        """`load(name, shape, keep_float32=False)`: a shape-checked weight on `device` in `dtype`."""
 
         def load(name: str, shape: tuple[int, ...], keep_float32: bool = False) -> torch.Tensor:
             return self.tensor(prefix + name, shape).to(device, torch.float32 if keep_float32 else dtype)
@@ -104,8 +102,8 @@ class Checkpoint:
 
 
 def check_finite(checkpoint: Checkpoint) -> None:
-    """Refuse weights holding NaN or infinity (a damaged file: greedy decoding would emit token 0 for ever),
-    naming the tensor. Small tensors (norms, routers, biases) are read whole, larger ones at three places."""
+    """NaN or infinity means a damaged file (greedy decoding would emit token 0 for ever). Small tensors are read
+    whole, larger ones at three places."""
     for name, info in checkpoint.folder.tensors.items():
         if info.dtype not in FLOAT_DTYPES:
             continue  # integer-coded weights (MXFP4 blocks and scales) hold no NaN

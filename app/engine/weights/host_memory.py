@@ -1,8 +1,5 @@
-"""The host copies of routed experts in one allocation, page-locked in place when a GPU copies from it.
-
-Torch's pinned allocator rounds every allocation up to a power of two, so an 8.3 MB expert tensor would
-hold 16 MB of locked memory and the RAM budget would be a fiction; one exact allocation, registered with
-the driver as a whole, holds what the plan says.
+"""The host copies of routed experts in one allocation, page-locked in place when a GPU copies from it: torch's
+pinned allocator rounds up to a power of two (an 8.3 MB expert would lock 16 MB), one exact allocation does not.
 """
 
 import weakref
@@ -46,8 +43,8 @@ class HostArena:
 
 
 def _page_lock(owner: object, buffer: torch.Tensor) -> None:
-    """Register the buffer with the CUDA driver (copies from it then run asynchronously at full link
-    speed, and kernels can read it over PCIe) until `owner` is gone."""
+    """Copies from it then run asynchronously at full link speed, and kernels read it over PCIe; until `owner`
+    is gone."""
     cudart = torch.cuda.cudart()
     pointer, nbytes = buffer.data_ptr(), buffer.numel()
     error = cudart.cudaHostRegister(pointer, nbytes, REGISTER_FLAGS)
