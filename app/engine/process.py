@@ -158,7 +158,8 @@ class EngineServer:
         for event in events:
             if not isinstance(event, Done):
                 self.send(event)
-        for event in self._stats.tick(events, list(self.batch.sequences)) + ends:
+        ended = [event.request_id for event in ends]
+        for event in self._stats.tick(events, list(self.batch.sequences), ended) + ends:
             self.send(event)
 
 
@@ -173,14 +174,11 @@ class StatsClock:
         self.last_stats, self.last_time = self.experts.snapshot(), time.perf_counter()
         self.tokens = Counter()
 
-    def tick(self, events: list, running: list[int]) -> list[StepStats]:
-        """Also at once for a generation that ended in `events`: a short answer still gets its figures."""
-        ended = []
+    def tick(self, events: list, running: list[int], ended: list[int]) -> list[StepStats]:
+        """Also at once for the generations that `ended` in `events`: a short answer still gets its figures."""
         for event in events:
             if isinstance(event, Tokens):
                 self.tokens[event.request_id] += len(event.token_ids)
-            elif isinstance(event, Done):
-                ended.append(event.request_id)
         now = time.perf_counter()
         if now - self.last_time < STATS_INTERVAL_S and not ended:
             return []

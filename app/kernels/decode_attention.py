@@ -2,15 +2,12 @@
 logit per head that joins the softmax and is then dropped) and an optional sliding window.
 
 `decode_attention` runs the Triton kernels of decode_attention_triton.py (two launches, reading only the rows
-the query sees); `decode_attention_torch` is the reference with the same signature; `decode_attention_op` picks one
-for a device.
+the query sees); `decode_attention_torch` is the reference with the same signature (the GPT-OSS model calls the
+kernel where Triton runs and its masked `attend` elsewhere).
 """
 
-from collections.abc import Callable
 
 import torch
-
-from app.kernels.choice import kernel_or_reference
 
 
 def decode_attention_torch(
@@ -39,6 +36,3 @@ def decode_attention(
 
     return run_decode_attention(q, keys, values, position, scale, sinks, window)
 
-
-def decode_attention_op(device: torch.device) -> Callable[..., torch.Tensor]:
-    return kernel_or_reference(device, decode_attention, decode_attention_torch)

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from app.engine.layers.rope import Rotary, rotate_halves
+from app.engine.layers.rope import Rotary
+from app.kernels.rotary_cache import rotate_halves
 from tests.fixtures.tiny_dflash import tiny_dflash_config, write_dflash_folder
 from tools.demo.drafter_data import DrafterData
 from tools.demo.target import StepBudget, learning_rate

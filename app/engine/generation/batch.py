@@ -1,7 +1,6 @@
 """Continuous batching: the engine process's generations as sequences of one scheduler (scheduler.py), admitted
 while their KV caches fit the planned context."""
 
-from app.engine.generation.checks import check_prompt
 from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.generation.scheduler import Scheduler, Sequence
 from app.engine.runner.step_runner import RunnerPool
@@ -37,7 +36,6 @@ class Batch:
 
     def join(self, request_id: int, prompt_ids: list[int], sampling: SamplingParams,
              max_new_tokens: int) -> list[Tokens | Done]:
-        check_prompt(prompt_ids, self.model.config.vocab_size)
         capacity = self.cache_tokens(len(prompt_ids), max_new_tokens)
         assert self.has_room(capacity), "no room in the batch: ask has_room first"
         runner = self.runners.take(capacity)

@@ -84,7 +84,7 @@ class Scheduler:
         assert sequence.request_id not in self.sequences, f"request {sequence.request_id} is already decoding"
         check_prompt(sequence.prompt_ids, model.config.vocab_size)
         sequence.runner.begin().check_room(len(sequence.prompt_ids))
-        before = self._cache_stats = model.experts.snapshot()
+        before = model.experts.snapshot()
         with torch.inference_mode():
             if sequence.drafter is None:
                 sequence.runner.prepare([1])

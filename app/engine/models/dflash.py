@@ -12,10 +12,11 @@ import torch
 
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.ops import attend, silu_glu
-from app.engine.layers.rope import Rotary, rotate_halves
+from app.engine.layers.rope import Rotary
 from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
 from app.kernels.norms import rms_norm
+from app.kernels.rotary_cache import rotate_halves
 from app.model_folder import ModelFolder
 from app.plan import dtype_bytes
 

@@ -9,9 +9,9 @@ import torch
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import Fp8Weight, linear
 from app.engine.layers.ops import attend
-from app.engine.layers.rope import rotate_halves
 from app.engine.models.glm import GlmConfig, GlmModel, Step
 from app.kernels.norms import rms_norm
+from app.kernels.rotary_cache import rotate_halves
 
 
 @dataclass(frozen=True)

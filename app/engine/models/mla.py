@@ -13,9 +13,10 @@ import torch
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
 from app.engine.layers.ops import attend
-from app.engine.layers.rope import rotate_halves, rotate_pairs
+from app.engine.layers.rope import rotate_pairs
 from app.engine.models.glm import GlmConfig, GlmModel, Step
 from app.kernels.norms import rms_norm
+from app.kernels.rotary_cache import rotate_halves
 
 LATENT_NORM_EPS = 1e-6  # q_a_layernorm and kv_a_layernorm use the RMSNorm default, not rms_norm_eps
 

@@ -104,11 +104,11 @@ class RunnerPool:
     def fits(self, capacity: int) -> bool:
         if self.sole is not None:
             return not self.held
-        return sum(runner.cache.capacity for runner in self.held) + capacity <= self.tokens
+        return self._held_tokens() + capacity <= self.tokens
 
     def take(self, capacity: int) -> StepRunner:
         assert self.fits(capacity), "no room: ask fits first"
-        held = sum(runner.cache.capacity for runner in self.held)
+        held = self._held_tokens()
         reusable = [r for r in self.idle if capacity <= r.cache.capacity and held + r.cache.capacity <= self.tokens]
         if self.sole is not None:
             runner = self.sole
@@ -122,6 +122,9 @@ class RunnerPool:
             runner = StepRunner(self.model, capacity)
         self.held.append(runner)
         return runner
+
+    def _held_tokens(self) -> int:
+        return sum(runner.cache.capacity for runner in self.held)
 
     def give_back(self, runner: StepRunner) -> None:
         self.held.remove(runner)
