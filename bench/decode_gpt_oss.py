@@ -4,16 +4,17 @@ same run (pinned PCIe copy, HBM copy), llama.cpp run in the same session (`--lla
 JSON output on the same checkpoint) and, optionally, the transformers + accelerate offload peer.
 
     python bench/decode_gpt_oss.py OUT.json [--model 20b|120b] [--prompt 512] [--new 256] [--repeats 3]
-        [--routing model,trace,uniform] [--misses in-place,copy] [--llama-json FILE] [--peer]
+        [--routing model,trace,uniform] [--misses device,host] [--cpu-threads 0,14] [--llama-json FILE] [--peer]
 
 Routing decides what an expert cache does (performance.md's protocol): `model` is the synthetic model's own
 (random weights), `trace` replays the real gpt-oss-20b's routing (bench/data/), `uniform` draws every token's
 experts uniformly at random (the worst case); under both overrides the router's scores weight the chosen
 experts and look-ahead predictions still come from the router (app/engine/experts/routing_override.py). `--misses`:
 the device serves misses with no host work (`device`, the engine's default: app/engine/experts/device_misses.py), or
-the host copies them first (`host`: it waits at each layer). For 120b the experts are zeros in a sparse file
-(61 GB of random bytes do not fit the GPU machine's disk); its routing is the model's own or uniform (the trace
-is 20b's).
+the host copies them first (`host`: it waits at each layer). `--cpu-threads`: with misses served on the device, the
+host's cores (that many threads; 0: none) compute part of them (app/engine/experts/cpu_tier.py). For 120b the
+experts are zeros in a sparse file (61 GB of random bytes do not fit the GPU machine's disk); its routing is the
+model's own or uniform (the trace is 20b's).
 """
 
 import argparse
@@ -144,7 +145,8 @@ def routing_override(name: str, facts: ModelFacts, device: torch.device):
 
 def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
                 prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda",
-                repeats: int = 3, routings: tuple[str, ...] = ("model",), misses: str = "device") -> list[dict]:
+                repeats: int = 3, routings: tuple[str, ...] = ("model",), misses: str = "device",
+                cpu_threads: int = 0) -> list[dict]:
     """Load under the budget once; per routing, decode `repeats` times (the first warms up) over one runner, as
     a session does (the next routing's runner captures its own passes); on a CPU (a pipeline check) in float32
     and with no device memory figures."""
@@ -157,10 +159,11 @@ def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, fac
     started = time.perf_counter()
     loaded = load_model(ModelFolder.open(folder), device=device, dtype=dtype, context=prompt + new,
                         gpu_budget=budget, ram_budget=ram_budget, prefetch_layers=prefetch_layers,
-                        misses_on_device=misses == "device")
+                        misses_on_device=misses == "device", cpu_threads=cpu_threads)
     load_s = time.perf_counter() - started
     model, placement = loaded.model, loaded.placement
     on_device = getattr(model.experts, "device_misses", None) is not None
+    tier = model.experts.device_misses.cpu_tier if on_device else None
     ids = torch.randint(0, facts.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     results = []
     for routing in routings:
@@ -177,6 +180,8 @@ def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, fac
             "budget_fraction_of_routed_experts": budget_fraction,
             "routing": routing,
             "misses": "none: all resident" if model.experts.complete else "device" if on_device else "host",
+            "cpu_threads": tier.threads if tier else 0,
+            "cpu_tier_costs_s": {"fetch": tier.fetch_s, "call": tier.call_s, "pair": tier.pair_s} if tier else None,
             "gpu_budget_bytes": budget,
             "expert_slots": placement.expert_slots,
             "host_experts": placement.host_experts,
@@ -186,7 +191,9 @@ def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, fac
             "max_memory_allocated_bytes": peak,
             "within_budget": peak <= budget if cuda else None,
         })
-    del model, loaded
+    if tier:
+        tier.close()
+    del model, loaded, tier
     gc.collect()  # the pinned experts go now, not at some later collection: the next budget pins its own
     if cuda:
         torch.cuda.empty_cache()
@@ -207,6 +214,7 @@ def _timed_generation(runner: StepRunner, ids: list[int], new: int) -> dict:
         "decode_tok_s": done.stats.decode_tok_s,
         "ttft_s": done.stats.ttft_s,
         "decode_misses_per_token": delta["misses"] / tokens,
+        "decode_cpu_computed_per_token": delta["cpu_computed"] / tokens,
         "decode_bytes_fetched_per_token": delta["bytes_fetched"] / tokens,
         "decode_hit_rate": delta["hits"] / uses if uses else None,
         "prefetch_coverage": delta["prefetch_coverage"],
@@ -314,12 +322,13 @@ def budget_runs(report: dict, folder: Path, facts: ModelFacts, args, device: str
     appended to report["runs"]; the report is written to `args.out` after every budget."""
     report["runs"] = []
     report["routings"] = {name: ROUTINGS[name] for name in args.routing.split(",")}
-    depths, ways = args.prefetch.split(","), args.misses.split(",")
-    settings = [(float(f), int(d), m) for f in args.fractions.split(",") for m in ways
-                for d in depths if float(f) < 1 or (d == depths[0] and m == ways[0])]  # all fit: no misses
-    for fraction, depth, misses in settings:
+    depths, ways, threads = args.prefetch.split(","), args.misses.split(","), args.cpu_threads.split(",")
+    settings = [(float(f), int(d), m, int(n)) for f in args.fractions.split(",") for m in ways for d in depths
+                for n in (threads if m == "device" else threads[:1])
+                if float(f) < 1 or (d == depths[0] and m == ways[0] and n == threads[0])]  # all fit: no misses
+    for fraction, depth, misses, cpu_threads in settings:
         for run in decode_runs(folder, fraction, args.prompt, args.new, facts, depth, ram_budget(fraction), device,
-                               args.repeats, tuple(args.routing.split(",")), misses):
+                               args.repeats, tuple(args.routing.split(",")), misses, cpu_threads):
             run = {"prefetch_layers": depth, **run}
             run.update(floors(facts, report["bandwidth"], run, dtype_bytes(compute_dtype(device))))
             report["runs"].append(run)
@@ -359,16 +368,18 @@ def add_protocol_options(parser: argparse.ArgumentParser, default_routing: str) 
     """The options every offloaded-decode benchmark shares (performance.md's protocol)."""
     parser.add_argument("--routing", default=default_routing, help=f"comma-separated: {', '.join(ROUTINGS)}")
     parser.add_argument("--misses", default="device", help="comma-separated: device, host")
+    parser.add_argument("--cpu-threads", default="0", help="comma-separated CPU tier threads (0: no CPU tier)")
     parser.add_argument("--llama-json", help="llama-bench -o json output on the same checkpoint, this session")
 
 
 def print_table(report: dict) -> None:
-    print(f"{'budget':>7} {'routing':>8} {'misses':>13} {'ahead':>5} {'tok/s':>8} {'hit':>6} {'MB/tok':>8} "
-          f"{'floor opt':>10} {'floor pes':>10} {'/llama':>7}")
+    print(f"{'budget':>7} {'routing':>8} {'misses':>13} {'ahead':>5} {'cpu':>4} {'tok/s':>8} {'hit':>6} "
+          f"{'cpu/tok':>7} {'MB/tok':>8} {'floor opt':>10} {'floor pes':>10} {'/llama':>7}")
     for run in report["runs"]:
         print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['routing']:>8} {run['misses'][:13]:>13} "
-              f"{run['prefetch_layers']:>5} {run['decode_tok_s']:>8.1f} "
-              f"{run['decode_hit_rate'] or 0:>6.2f} {run['decode_bytes_fetched_per_token'] / 1e6:>8.1f} "
+              f"{run['prefetch_layers']:>5} {run.get('cpu_threads', 0):>4} {run['decode_tok_s']:>8.1f} "
+              f"{run['decode_hit_rate'] or 0:>6.2f} {run.get('decode_cpu_computed_per_token', 0):>7.1f} "
+              f"{run['decode_bytes_fetched_per_token'] / 1e6:>8.1f} "
               f"{run['ratio_to_floor_optimistic']:>10.2f} {run['ratio_to_floor_pessimistic']:>10.2f} "
               f"{run.get('ratio_to_llama_cpp', float('nan')):>7.2f}")
 

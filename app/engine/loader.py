@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.experts.cache import ExpertCache
+from app.engine.experts.cpu_tier import CpuTier, measured_fetch_s
+from app.engine.experts.device_misses import DEVICE_PASS_MAX_TOKENS
 from app.engine.experts.expert_parallel import ExpertParallelCache
 from app.engine.experts.store import ExpertStore
 from app.engine.layers.linear import keeps_fp8
@@ -13,8 +15,9 @@ from app.engine.models import ARCHITECTURES
 from app.engine.weights.checkpoint import Checkpoint, check_finite
 from app.errors import UserError
 from app.kernels.choice import triton_runs
+from app.kernels.expert_op import ExpertOp
 from app.model_folder import ModelFolder
-from app.plan import ModelFacts, Placement, dtype_bytes
+from app.plan import FETCH_SHARE_OF_LINK, PCIE_BPS, ModelFacts, Placement, dtype_bytes
 from app.plan_gpus import plan_budgets
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -52,6 +55,15 @@ def expert_devices(device: torch.device, count: int) -> list[torch.device]:
     return [torch.device("cuda", index) for index in range(count)]
 
 
+def start_cpu_tier(store: ExpertStore, op: ExpertOp, facts: ModelFacts, threads: int, device: torch.device) -> CpuTier:
+    if op.on_host is None:
+        raise UserError("--cpu-threads needs the CPU expert kernels for this model's expert format, which this "
+                        "install lacks (a C compiler when the package was installed); use --cpu-threads 0")
+    fetch_s = (measured_fetch_s(store, device, FETCH_SHARE_OF_LINK) if device.type == "cuda"
+               else store.expert_bytes / (PCIE_BPS[4] * FETCH_SHARE_OF_LINK))
+    return CpuTier(store, op, facts.hidden_size, facts.top_k, DEVICE_PASS_MAX_TOKENS, threads, device, fetch_s)
+
+
 def reads_store_in_place(device: torch.device, placement: Placement, facts: ModelFacts, store: ExpertStore) -> bool:
     """The CPU's kernels (C or torch) read every expert from the host store, no cache arena needed; Triton's
     interpreter keeps the arena its kernels' contiguous slots need."""
@@ -69,11 +81,13 @@ def load_model(
     prefetch_layers: int = 0,
     on_progress: Callable[[str, float], None] = lambda stage, fraction: None,
     misses_on_device: bool = True,
+    cpu_threads: int = 0,
 ) -> LoadedModel:
     """`on_progress(stage, fraction)` is called between stages and per layer of experts; raising
     from it cancels the load. A tuple of budgets, one per GPU, spreads the experts over the GPUs.
     Decode and verify passes have their misses served on the device where they can (experts/cache.py), unless
-    `misses_on_device` is False (the host then copies them, waiting at each layer)."""
+    `misses_on_device` is False (the host then copies them, waiting at each layer); there `cpu_threads` cores
+    compute part of the misses (experts/cpu_tier.py; 0: none)."""
     torch_device = resolve_device(device)
     on_progress("planning", 0.0)
     facts = ModelFacts.from_folder(folder, fp8_kept=keeps_fp8(torch_device))
@@ -95,6 +109,7 @@ def load_model(
         on_layer=lambda done: on_progress("expert store", done / len(facts.moe_layers)),
     )
     on_progress("expert cache", 0.0)
+    device_misses = None
     if gpu_placements:
         cache = ExpertParallelCache(store, [p.expert_slots for p in gpu_placements], devices, prefetch_layers)
         cache.preload_owned()
@@ -106,7 +121,11 @@ def load_model(
             cache.preload([(layer, e) for layer in facts.moe_layers for e in range(facts.num_experts)])
         elif misses_on_device and triton_runs(torch_device) and store.all_in_host_memory:
             cache.serve_misses_on_device(facts.top_k)
+            device_misses = cache.device_misses
     on_progress("resident weights", 0.0)
     model = model_class(config, checkpoint, cache, DTYPES[dtype])
+    if cpu_threads and device_misses is not None:
+        on_progress("CPU expert tier", 0.0)
+        device_misses.cpu_tier = start_cpu_tier(store, model.run_experts, facts, cpu_threads, torch_device)
     on_progress("ready", 1.0)
     return LoadedModel(folder, facts, placement, model, gpu_placements)

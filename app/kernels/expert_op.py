@@ -1,6 +1,7 @@
 """A layer's routed-expert op as the expert cache calls it, in two forms: by cache slots, and (where the Triton
 kernels run) by an address table that may point into page-locked host memory (expert_table.py)."""
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,11 +12,14 @@ import torch
 class ExpertOp:
     """`by_slots(hidden [T, H], arenas, slots [T, k], weights [T, k]) -> [T, H]` reads the cache arenas' slots
     (-1: skip); `from_table(hidden, arenas, table, rows, weights)` reads where the table's rows point, None
-    where only the torch reference runs; `capturable`: it needs no host work (a CUDA graph can hold it)."""
+    where only the torch reference runs; `capturable`: it needs no host work (a CUDA graph can hold it);
+    `on_host(arenas)`, the C kernel's name and its structure over host arenas (cpu/library.py), for the CPU expert
+    tier (None: these experts have no C kernel)."""
 
     by_slots: Callable[..., torch.Tensor]
     from_table: Callable[..., torch.Tensor] | None
     capturable: bool
+    on_host: Callable[[dict[str, torch.Tensor]], tuple[str, ctypes.Structure]] | None = None
 
     def __call__(self, hidden, arenas, slots, weights) -> torch.Tensor:
         return self.by_slots(hidden, arenas, slots, weights)

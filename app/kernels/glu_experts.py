@@ -73,8 +73,12 @@ def glu_experts_cpu(
     fp8_block: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """`glu_experts_torch` in C on the CPU's cores, reading the arenas (FP8, bf16 or float32) where they lie."""
-    experts = cpu.described(arenas, lambda: _glu_description(arenas, fp8_block), fp8_block)
-    return cpu.run("glu_experts", hidden, slots, weights, experts)
+    return cpu.run(*glu_on_host(arenas, fp8_block), hidden, slots, weights)
+
+
+def glu_on_host(arenas: dict[str, torch.Tensor], fp8_block: tuple[int, int] | None) -> tuple[str, "cpu.GluExperts"]:
+    """The C kernel and its structure over the arenas."""
+    return "glu_experts", cpu.described(arenas, lambda: _glu_description(arenas, fp8_block), fp8_block)
 
 
 def _glu_description(arenas: dict[str, torch.Tensor], fp8_block: tuple[int, int] | None) -> "cpu.GluExperts":
@@ -112,4 +116,6 @@ def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
 def glu_expert_op(device: torch.device, fp8_block: tuple[int, int] | None) -> ExpertOp:
     """The op a GLM model hands its expert cache."""
     by_table = partial(glu_experts_from_table, fp8_block=fp8_block) if triton_runs(device) else None
-    return ExpertOp(partial(glu_experts_op(device), fp8_block=fp8_block), by_table, capturable=device.type == "cuda")
+    on_host = partial(glu_on_host, fp8_block=fp8_block) if cpu.library() else None
+    return ExpertOp(partial(glu_experts_op(device), fp8_block=fp8_block), by_table, capturable=device.type == "cuda",
+                    on_host=on_host)

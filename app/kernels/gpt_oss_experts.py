@@ -82,10 +82,14 @@ def gpt_oss_experts_cpu(
     alpha: float,
 ) -> torch.Tensor:
     """`gpt_oss_experts_torch` in C on the CPU's cores, reading MXFP4 arenas where they lie."""
-    width, size = arenas["gate_up_proj_bias"].shape[1] // 2, hidden.shape[1]
-    experts = cpu.described(arenas, lambda: cpu.GptOssExperts(
-        width, size, limit, alpha, *(cpu.arena(arenas[name]) for name in MXFP4_TENSORS)), size, limit, alpha)
-    return cpu.run("gpt_oss_experts", hidden, slots, weights, experts)
+    return cpu.run(*gpt_oss_on_host(arenas, limit, alpha), hidden, slots, weights)
+
+
+def gpt_oss_on_host(arenas: dict[str, torch.Tensor], limit: float, alpha: float) -> tuple[str, "cpu.GptOssExperts"]:
+    """The C kernel and its structure over MXFP4 arenas."""
+    width, size = arenas["gate_up_proj_bias"].shape[1] // 2, arenas["down_proj_bias"].shape[1]
+    return "gpt_oss_experts", cpu.described(arenas, lambda: cpu.GptOssExperts(
+        width, size, limit, alpha, *(cpu.arena(arenas[name]) for name in MXFP4_TENSORS)), limit, alpha)
 
 
 def gpt_oss_experts_from_table(
@@ -112,5 +116,6 @@ def gpt_oss_experts_op(device: torch.device, mxfp4: bool = True) -> Callable[...
 def gpt_oss_expert_op(device: torch.device, limit: float, alpha: float, mxfp4: bool) -> ExpertOp:
     """The op a GPT-OSS model hands its expert cache."""
     by_table = partial(gpt_oss_experts_from_table, limit=limit, alpha=alpha) if triton_runs(device) else None
+    on_host = partial(gpt_oss_on_host, limit=limit, alpha=alpha) if mxfp4 and cpu.library() else None
     return ExpertOp(partial(gpt_oss_experts_op(device, mxfp4), limit=limit, alpha=alpha), by_table,
-                    capturable=device.type == "cuda")
+                    capturable=device.type == "cuda", on_host=on_host)

@@ -19,6 +19,7 @@ class CacheStats:
     predicted: int = 0  # experts predicted for layers that then ran
     predicted_used: int = 0  # of those, experts the layer really used
     used_after_prediction: int = 0  # experts used by layers that had a prediction
+    cpu_computed: int = 0  # of the misses, those the CPU expert tier computed instead of fetching them
 
     @property
     def hit_rate(self) -> float:
@@ -45,7 +46,7 @@ class CacheStats:
 
     @classmethod
     def from_dict(cls, figures: dict) -> "CacheStats":
-        return cls(**{field.name: figures[field.name] for field in fields(cls)})
+        return cls(**{field.name: figures.get(field.name, field.default) for field in fields(cls)})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from app.engine.spec.options import SpecOptions
 from app.protocol.stats import BatchStats, CacheStats, GenerationStats, SpecStats, stats_dict
 
 CACHE_KEYS = ["hits", "misses", "bytes_fetched", "disk_reads", "evictions", "prefetches", "predicted",
-              "predicted_used", "used_after_prediction", "prefetch_coverage", "prefetch_waste"]
+              "predicted_used", "used_after_prediction", "cpu_computed", "prefetch_coverage", "prefetch_waste"]
 
 
 def test_a_speculative_generations_json_has_the_contracts_keys_in_order(tiny_gpt_oss, tiny_dflash):

@@ -3,13 +3,17 @@
 Each MoE layer resolves its picks on the device into an address table (app/kernels/expert_resolve.py), one copy
 kernel fetches admitted misses into victim slots (expert_fetch.py), the expert kernels read where the table points.
 `settle`, between passes, reads what the device did in one transfer, scores the eviction policy and refills the
-victim queue (free slots, then the lowest-scored), so the policy decides what stays off the critical path.
+victim queue (free slots, then the lowest-scored), so the policy decides what stays off the critical path. With a
+CPU tier (cpu_tier.py) the host's cores compute part of each call's misses, which are then neither fetched nor
+admitted.
 """
 
 import numpy as np
 import torch
 
 from app.engine.experts.cache_policy import DecayedUseEviction
+from app.engine.experts.cpu_tier import CpuTier
+from app.kernels.cpu_share import CPU_COMPUTED
 from app.kernels.expert_fetch import fetch_experts
 from app.kernels.expert_resolve import EVICTED, HITS, MISSES, Residency, resolve_experts
 from app.kernels.expert_table import columns, device_addresses, slot_table
@@ -45,7 +49,7 @@ class DeviceMisses:
             host_rows=host_rows.to(device),
             slot_rows=slot_table(cache.arenas),
             uses=torch.zeros(num_layers, self.num_experts, dtype=torch.int32, device=device),
-            counts=torch.zeros(4, dtype=torch.long, device=device),
+            counts=torch.zeros(5, dtype=torch.long, device=device),  # HITS, MISSES, ADMITTED, EVICTED, CPU_COMPUTED
         )
         # [E, C]: where the expert kernels read each expert, and where an admitted miss is fetched from
         self.reads, self.sources = (torch.zeros(self.num_experts, len(names), dtype=torch.long, device=device)
@@ -55,15 +59,21 @@ class DeviceMisses:
         self.largest_column = max(sizes)
         self._owners = np.full(num_slots, -1)  # the owners at the last settle
         self._queue = torch.zeros(2 + self.queue_length, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.cpu_tier: CpuTier | None = None
         self.settle()
 
     def run(self, layer: int, hidden: torch.Tensor, top_experts: torch.Tensor, top_weights: torch.Tensor,
             op) -> torch.Tensor:
         """-> [T, H], with no host work."""
-        fetched = resolve_experts(top_experts.flatten(), layer, layer == self.first_layer, self.residency, self.reads,
-                                  self.sources)
+        picks = top_experts.flatten()
+        if self.cpu_tier is not None:
+            picks = self.cpu_tier.post(layer, hidden, picks, top_weights.flatten(), self.residency)
+        fetched = resolve_experts(picks, layer, layer == self.first_layer, self.residency, self.reads, self.sources)
         fetch_experts(fetched, self.sources, self.reads, self.column_bytes, self.largest_column)
-        return op.from_table(hidden, self.cache.arenas, self.reads, top_experts, top_weights)
+        out = op.from_table(hidden, self.cache.arenas, self.reads, picks.view_as(top_experts), top_weights)
+        if self.cpu_tier is not None:
+            self.cpu_tier.add(out)
+        return out
 
     def slot_loaded(self, slot: int, key: tuple[int, int] | None) -> None:
         """The host put expert `key` in `slot` (None: emptied it) on the copy path of a prefill chunk."""
@@ -72,15 +82,19 @@ class DeviceMisses:
         self._owners[slot] = flat  # the host's view has it already
 
     def settle(self) -> None:
-        cache, r = self.cache, self.residency
-        counts, uses, owners = torch.cat([r.counts, r.uses.flatten().long(), r.owner]).cpu().split(
-            [4, r.uses.numel(), r.owner.numel()])
+        cache, r, tier = self.cache, self.residency, self.cpu_tier
+        failed = [tier.buffers.failed] if tier is not None else []
+        counts, uses, owners, *failed = torch.cat([r.counts, r.uses.flatten().long(), r.owner, *failed]).cpu().split(
+            [r.counts.numel(), r.uses.numel(), r.owner.numel(), *(1 for _ in failed)])
+        if tier is not None:
+            tier.check(bool(failed[0]))
         r.counts.zero_()
         r.uses.zero_()
         stats = cache.stats
         stats.hits += int(counts[HITS])
         stats.misses += int(counts[MISSES])
-        stats.bytes_fetched += int(counts[MISSES]) * cache.store.expert_bytes
+        stats.cpu_computed += int(counts[CPU_COMPUTED])
+        stats.bytes_fetched += int(counts[MISSES] - counts[CPU_COMPUTED]) * cache.store.expert_bytes
         stats.evictions += int(counts[EVICTED])
         eviction: DecayedUseEviction = cache.eviction
         used = [divmod(flat, self.num_experts) for flat in uses.nonzero().flatten().tolist()]

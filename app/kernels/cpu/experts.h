@@ -75,6 +75,10 @@ struct layer {
 
 int run_layer(const struct routing *r, const void *experts, const struct layer *layer);
 
+/* The layer kernels: `experts` is the struct of gpt_oss_experts.c or glu_experts.c (library.py mirrors them). */
+int gpt_oss_experts(const struct routing *r, const void *experts);
+int glu_experts(const struct routing *r, const void *experts);
+
 /* base[index] of a float32 or bf16 tensor */
 static inline float load_float(const uint8_t *base, int32_t dtype, int64_t index) {
     float value;

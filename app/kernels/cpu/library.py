@@ -3,7 +3,7 @@ where a C compiler exists, and called through ctypes on tensors' data pointers (
 needs neither, and build isolation never pulls torch). Where it was not built, `built()` is False, says why once,
 and the ops run their torch references.
 
-The structures mirror experts.h, gpt_oss_experts.c and glu_experts.c.
+The structures mirror experts.h, gpt_oss_experts.c, glu_experts.c and cpu_share.c.
 """
 
 import ctypes
@@ -44,6 +44,16 @@ class GluExperts(ctypes.Structure):
                 ("weights", Arena * 3), ("scales", Arena * 3)]
 
 
+class CpuShare(ctypes.Structure):
+    _fields_ = [("control", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("weights", ctypes.c_void_p),
+                ("x", ctypes.c_void_p), ("out", ctypes.c_void_p), ("picks", ctypes.c_int64),
+                ("hidden", ctypes.c_int64), ("threads", ctypes.c_int32), ("kernel", ctypes.c_int32),
+                ("experts", ctypes.c_void_p)]
+
+
+KERNELS = {"gpt_oss_experts": 0, "glu_experts": 1}  # enum kernel of cpu_share.c
+
+
 @cache
 def library() -> ctypes.CDLL | None:
     found = sorted(Path(__file__).parent.glob("_experts.*.so"))
@@ -53,6 +63,7 @@ def library() -> ctypes.CDLL | None:
     for name, experts in (("gpt_oss_experts", GptOssExperts), ("glu_experts", GluExperts)):
         getattr(lib, name).argtypes = [ctypes.POINTER(Routing), ctypes.POINTER(experts)]
     lib.use_avx2.argtypes = [ctypes.c_int]
+    lib.serve_cpu_share.argtypes = [ctypes.POINTER(CpuShare)]
     return lib
 
 
@@ -82,7 +93,8 @@ def arena(tensor: torch.Tensor) -> Arena:
     return Arena(tensor.data_ptr(), tensor.stride(0) * tensor.element_size(), DTYPES[tensor.dtype])
 
 
-def run(kernel: str, hidden: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, experts) -> torch.Tensor:
+def run(kernel: str, experts: ctypes.Structure, hidden: torch.Tensor, slots: torch.Tensor,
+        weights: torch.Tensor) -> torch.Tensor:
     """The kernel on hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> [T, H] in hidden's dtype."""
     x = hidden.contiguous().float()
     slots = slots.contiguous().long()
