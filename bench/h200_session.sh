@@ -5,6 +5,8 @@
 #                                      # gpt-oss-20b written; the CUDA tests
 #   bash bench/h200_session.sh bench   # waits for llama.cpp, then this engine on the same checkpoint (20b, the
 #                                      # three routings, misses served on the device and by the host)
+#   bash bench/h200_session.sh tier    # the CPU expert tier: its tests, bench/cpu_expert_rate.py and the decode
+#                                      # runs, against llama.cpp's figures of an earlier call (LLAMA_JSON)
 #   bash bench/h200_session.sh glm     # GLM-4.5-Air-FP8 (uniform routing), misses served on the device
 # Results land in $OUT (the machine keeps nothing): decode-*.json, llama-*.json, logs. Settings (environment):
 # NCMOE, llama.cpp's -ncmoe list (0,12,18,24); FRACTIONS (1.0,0.5,0.25,0.1), ROUTING (model,trace,uniform) and
@@ -61,6 +63,29 @@ if [ "$phase" = bench ]; then
   python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-20b.json" --folder /tmp/g20 --fractions "$fractions" \
     --routing "$routing" --misses device --cpu-threads "$cpu_threads" --new 128 --repeats 2 \
     --llama-json /tmp/llama-tg.json \
+    2>&1 | tee "$out/decode-gpt-oss-20b.log" | grep -v '^{'
+  exit 0
+fi
+
+if [ "$phase" = tier ]; then  # the CPU expert tier alone (no llama.cpp build): its tests, its rates, its decode
+  gcc -O3 -std=c11 -fopenmp -shared -fPIC -o "app/kernels/cpu/_experts$(python3-config --extension-suffix)" \
+    app/kernels/cpu/*.c -lm
+  lscpu > "$out/cpu.txt"
+  python3 -c "
+import sys; sys.path.insert(0, '.')
+from pathlib import Path
+from bench.decode_gpt_oss import write_synthetic
+write_synthetic(Path('/tmp/g20'), '20b')" > "$out/checkpoint.log" 2>&1 &
+  TRITON_INTERPRET=1 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpt_oss_experts_cpu.py \
+    tests/kernels/test_glu_experts_cpu.py tests/kernels/test_cpu_share.py -k "not decoding and not verify" \
+    2>&1 | tail -3 | tee "$out/cpu-tests.log"
+  python3 -m pytest -q -p no:cacheprovider tests/engine/test_cpu_tier_cuda.py tests/engine/test_device_misses_cuda.py \
+    2>&1 | tail -15 | tee "$out/cuda-tests.log"
+  wait
+  python3 bench/cpu_expert_rate.py "$out/cpu-expert-rate.json" 2>&1 | tee "$out/cpu-expert-rate.log"
+  python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-20b.json" --folder /tmp/g20 --fractions "$fractions" \
+    --routing "$routing" --misses device --cpu-threads "$cpu_threads" --new 128 --repeats 2 \
+    --llama-json "${LLAMA_JSON:?the llama-bench -o json file of this session}" \
     2>&1 | tee "$out/decode-gpt-oss-20b.log" | grep -v '^{'
   exit 0
 fi

@@ -192,6 +192,7 @@ def test_the_measured_costs_come_from_the_serving_thread(tiny_gpt_oss):
     assert torch.allclose(tier.buffers.costs, torch.tensor([1.0, tier.call_s, tier.pair_s]))
     answered = int(tier.buffers.control[DONE])
     assert answered == int(tier.buffers.control[REQUEST]) > 0
+    assert int(tier.buffers.ticket) == answered  # the device's next ticket is one the host has not answered
     tier.close()
     assert not any(t.name == "cpu-experts" and t.is_alive() for t in threading.enumerate())
 

@@ -61,6 +61,7 @@ class CpuTier:
         self.fetch_s = fetch_s
         self.call_s, self.pair_s = call_costs or self.measured_call_costs()
         b.costs.copy_(torch.tensor([fetch_s, self.call_s, self.pair_s]))
+        b.ticket.fill_(int(b.control[DONE]))  # the device's tickets go on from the measurements' (a wait is for >=)
 
     def post(self, layer: int, hidden: torch.Tensor, picks: torch.Tensor, weights: torch.Tensor,
              residency: Residency) -> torch.Tensor:
@@ -83,27 +84,30 @@ class CpuTier:
     def close(self) -> None:
         self._stop()
 
-    def measured_call_costs(self, repeats: int = 5) -> tuple[float, float]:
+    def measured_call_costs(self, repeats: int = 9) -> tuple[float, float]:
         """(a call's fixed cost, a pair's) in seconds: the host's kernel, through the serving thread, on one token
-        picking one expert of the store's first layer, then three (or k), the median of `repeats` calls each."""
+        picking one expert, then three (or k), the median of `repeats` calls each after a warm-up; each call reads
+        experts of another layer, as decoding does (not ones the last call left in the caches)."""
         b = self.buffers
         picks = b.slots.numel() // b.x.shape[0]
+        layers = len(self.store.layers)
         times = {}
         for count in sorted({1, min(3, picks)}):
-            b.slots.fill_(-1)
-            b.slots[:count] = torch.arange(count)
-            b.weights.fill_(1.0)
-            b.x.normal_()
-            b.control[TOKENS] = 1
             samples = []
-            for _ in range(repeats):
+            for call in range(repeats + 2):
+                first = (call % layers) * self.store.num_experts
+                b.slots.fill_(-1)
+                b.slots[:count] = first + torch.arange(count)
+                b.weights.fill_(1.0)
+                b.x.normal_()
+                b.control[TOKENS] = 1
                 ticket = int(b.control[REQUEST]) + 1
                 start = time.perf_counter()
                 b.control[REQUEST] = ticket
                 while int(b.control[DONE]) < ticket:
                     time.sleep(0)
                 samples.append(time.perf_counter() - start)
-            times[count] = statistics.median(samples)
+            times[count] = statistics.median(samples[2:])
         counts = sorted(times)
         pair = max((times[counts[-1]] - times[1]) / max(counts[-1] - 1, 1), 1e-7)
         return max(times[1] - pair, 0.0), pair
@@ -119,7 +123,7 @@ def measured_fetch_s(store: ExpertStore, device: torch.device, share_of_link: fl
     for _ in range(repeats):
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
-        target.copy_(source, non_blocking=True)
+        target.copy_(source)  # blocking: a non-blocking copy would leave the host allocator an event on the store
         end.record()
         end.synchronize()
         samples.append(begin.elapsed_time(end) * 1e-3 / 4)

@@ -104,32 +104,28 @@ int use_avx2(int wanted) {
     return avx2;
 }
 
-/* [begin, end) of `total` units for one of `threads` threads, cut at multiples of `granule`. */
-static void thread_range(int64_t total, int64_t granule, int thread, int threads, int64_t *begin, int64_t *end) {
-    const int64_t units = (total + granule - 1) / granule;
-    *begin = units * thread / threads * granule;
-    *end = units * (thread + 1) / threads * granule;
-    if (*begin > total) *begin = total;
-    if (*end > total) *end = total;
+/* Rows go out in chunks of CHUNK (a multiple of every layer's granule), taken by whichever thread is free: a thread
+ * the system preempts (a GPU engine's host threads share the cores) then delays only its chunk, not the whole call. */
+#define CHUNK 64
+
+static int64_t chunk_end(int64_t chunk, int64_t total) {
+    const int64_t end = (chunk + 1) * CHUNK;
+    return end < total ? end : total;
 }
 
 int run_layer(const struct routing *r, const void *experts, const struct layer *layer) {
     struct pairs p;
     float *activations;
     if (group_pairs(r, &p, r->tokens * r->picks * layer->width, &activations) != STATUS_OK) return STATUS_NO_MEMORY;
+    const int64_t gate_chunks = (layer->width + CHUNK - 1) / CHUNK, down_chunks = (r->hidden + CHUNK - 1) / CHUNK;
 #pragma omp parallel num_threads(r->threads) if (r->threads > 1)
     {
-        int thread = 0, threads = 1;
-#ifdef _OPENMP
-        thread = omp_get_thread_num();
-        threads = omp_get_num_threads();
-#endif
-        int64_t begin, end;
-        thread_range(layer->width, layer->granule, thread, threads, &begin, &end);
-        layer->gate_up(r, &p, experts, activations, begin, end);
-#pragma omp barrier
-        thread_range(r->hidden, TILE_ROWS, thread, threads, &begin, &end);
-        down_projection(r, &p, activations, experts, layer, begin, end);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < gate_chunks; c++)
+            layer->gate_up(r, &p, experts, activations, c * CHUNK, chunk_end(c, layer->width));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < down_chunks; c++)
+            down_projection(r, &p, activations, experts, layer, c * CHUNK, chunk_end(c, r->hidden));
     }
     return STATUS_OK;
 }

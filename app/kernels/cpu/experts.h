@@ -65,7 +65,7 @@ typedef struct matrix (*matrix_of_slot)(const void *experts, int64_t slot);
  * down projection then gives out[t] = sum over t's pairs of weight * (down(slot) . activation + bias[slot]), bias
  * (float32 or bf16 [H] a slot) NULL for none. Threads split the features, then out's rows. */
 struct layer {
-    int64_t width, granule;
+    int64_t width;
     void (*gate_up)(const struct routing *r, const struct pairs *p, const void *experts, float *activations,
                     int64_t begin, int64_t end);
     matrix_of_slot down;

@@ -55,6 +55,6 @@ int glu_experts(const struct routing *r, const void *experts) {
     const struct glu_experts *e = experts;
     if (e->hidden != r->hidden || (e->scale_layout == SCALE_BLOCKS && (e->block_rows < 1 || e->block_cols < 1)))
         return STATUS_BAD_ARGUMENT;
-    const struct layer layer = {e->width, TILE_ROWS, gate_up, down_of, dense_tile, NULL};
+    const struct layer layer = {e->width, gate_up, down_of, dense_tile, NULL};
     return run_layer(r, e, &layer);
 }

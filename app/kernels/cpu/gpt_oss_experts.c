@@ -58,6 +58,6 @@ static void gate_up(const struct routing *r, const struct pairs *p, const void *
 int gpt_oss_experts(const struct routing *r, const void *experts) {
     const struct gpt_oss_experts *e = experts;
     if (e->hidden != r->hidden || r->hidden % 32 || e->width % 32) return STATUS_BAD_ARGUMENT;
-    const struct layer layer = {e->width, TILE_ROWS / 2, gate_up, down_of, mxfp4_tile, &e->down_bias};
+    const struct layer layer = {e->width, gate_up, down_of, mxfp4_tile, &e->down_bias};
     return run_layer(r, e, &layer);
 }

@@ -108,6 +108,10 @@ def run(kernel: str, experts: ctypes.Structure, hidden: torch.Tensor, slots: tor
     return out.to(hidden.dtype)
 
 
+def has_avx2() -> bool:
+    return bool(library().has_avx2())
+
+
 def use_avx2(wanted: bool) -> bool:
     """Tests run the portable path too; whether AVX2 is now used."""
     return bool(library().use_avx2(int(wanted)))
