@@ -63,8 +63,8 @@ def test_the_count_makes_the_slower_side_as_fast_as_any_count_can(misses, pairs)
     (1, 4, (), (1.0, 0.0, 1.0)),
     (1, 4, (0, 3, 5), (1.0, 0.0, 1.0)),
     (1, 2, (), (1.0, 3.0, 1.0)),  # a call costs more than fetching both: nothing for the CPU
-    (3, 4, (1, 2), (1.0, 0.5, 0.25)),
-    (16, 4, tuple(range(0, 12, 2)), (2.0, 1.0, 0.125)),
+    (3, 4, (1, 2), (1.0, 0.37, 0.29)),  # costs with no ties between two counts
+    (16, 4, tuple(range(0, 12, 2)), (2.0, 1.1, 0.13)),
 ])
 def test_post_matches_its_reference(tokens, picks, resident, costs):
     generator = torch.Generator().manual_seed(tokens * 10 + picks)
@@ -148,6 +148,7 @@ def test_decoding_with_the_cpu_tier_gives_the_tokens_of_decoding_without_it(tiny
     tokens, stats = greedy_with_stats(with_tier, PROMPT, 8)
     expected, expected_stats = greedy_with_stats(loaded(folder, 3), PROMPT, 8)
     assert tokens == expected and len(set(tokens)) > 3
+    assert not with_tier.model.experts.captures_passes  # its passes stay eager on a GPU
     work = stats.expert_cache
     assert work.hits + work.misses == expected_stats.expert_cache.hits + expected_stats.expert_cache.misses
     assert 0 < work.cpu_computed < work.misses
