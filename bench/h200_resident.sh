@@ -49,11 +49,13 @@ if [ "$phase" = experts ]; then
   [ "$base" = "$PWD" ] || (cd "$base" && python3 - "$out/r/kernel-experts-before.json" <<'PY'
 import json, sys; sys.path.insert(0, ".")
 import torch
-from bench.kernel_gpt_oss_experts import check, copy_bandwidth, make_arenas, time_case
+from bench.kernel_gpt_oss_experts import check, copy_bandwidth, machine, make_arenas, pick_config, time_case
 torch.manual_seed(0)
 arenas = make_arenas(True)
-case = {"check": check(arenas, 1, None)} | time_case(arenas, 1, None)
-case["floor_us"] = case["bytes_read"] / copy_bandwidth() * 1e6
+case = {"machine": machine(), "command": "h200_resident.sh experts: BASE's run_experts at T = 1, its default",
+        "config": repr(pick_config(4, True)), "check": check(arenas, 1, None)} | time_case(arenas, 1, None)
+case["copy_bandwidth"] = copy_bandwidth()
+case["floor_us"] = case["bytes_read"] / case["copy_bandwidth"] * 1e6
 json.dump(case, open(sys.argv[1], "w"), indent=1)
 kernels = {k: round(v, 1) for k, v in case["kernels_us"].items()}
 print("before:", kernels, f"graph {case['graph_us']:.1f} us, floor {case['floor_us']:.1f} us")
