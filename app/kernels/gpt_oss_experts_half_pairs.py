@@ -73,12 +73,6 @@ def _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scal
 
 
 @triton.jit
-def _zero(row):
-    """0 as uint32 from a table row (below 2^32), which no compiler can fold (it only knows that row >= 0)."""
-    return (row >> 32).to(tl.uint32)
-
-
-@triton.jit
 def _half_pairs_gate_up_kernel(
     pairs_ptr, unscale_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, activations_ptr,
     limit, alpha, weight_column, scale_column, bias_column,
@@ -94,7 +88,7 @@ def _half_pairs_gate_up_kernel(
     token = pair // PICKS
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = pairs_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (H // 2)  # K / 2 uint32 pairs a row
-    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, _zero(row), 2 * W, H, BLOCK_N)
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, 2 * W, H, BLOCK_N)
     acc = acc * tl.load(unscale_ptr + token) + tl.load(biases + features, mask=features < 2 * W).to(tl.float32)
     gate, up = tl.split(tl.reshape(acc, (BLOCK_N // 2, 2)))  # rows alternate gate, up
     gate = tl.minimum(gate, limit)
@@ -118,7 +112,7 @@ def _half_pairs_down_kernel(
                                       bias_column, COLUMNS)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
-    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, _zero(row), H, W, BLOCK_N)
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N)
     bias = tl.load(biases + features, mask=features < H).to(tl.float32)
     acc = (acc * ACT_UNSCALE + bias) * tl.load(routing_ptr + pair).to(tl.float32)
     tl.store(per_pick_ptr + pair * H + features, acc, mask=features < H)

@@ -178,10 +178,10 @@ def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: 
 
 
 @triton.jit
-def _step_products(words4, scale, x0, x1, x2, x3, acc, sums):
-    """acc [BLOCK_N, 32] + each lane's group sums of a step (float16 pairs from `sums`, 0), in float32 times the
-    groups' scales."""
+def _step_products(words4, scale, x0, x1, x2, x3, acc):
+    """acc [BLOCK_N, 32] + each lane's group sums of a step, in float32 times the groups' scales."""
     words0, words1, words2, words3 = _four(words4)
+    sums = tl.zeros(acc.shape, tl.uint32)  # float16 pairs: a group's 16 products per half
     sums = _word_times_pairs(words0, x0.to(tl.uint32, bitcast=True), sums)
     sums = _word_times_pairs(words1, x1.to(tl.uint32, bitcast=True), sums)
     sums = _word_times_pairs(words2, x2.to(tl.uint32, bitcast=True), sums)
@@ -192,41 +192,29 @@ def _step_products(words4, scale, x0, x1, x2, x3, acc, sums):
 
 
 @triton.jit
-def _first_word(words4):
-    return tl.split(tl.split(tl.reshape(words4, (words4.shape[0], words4.shape[1], 2, 2)))[0])[0]
-
-
-@triton.jit
-def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, zero, N: tl.constexpr, K: tl.constexpr,
+def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.constexpr, K: tl.constexpr,
                                 BLOCK_N: tl.constexpr):
     """W[rows, :] @ x -> [BLOCK_N] float32, before the inputs' unscaling. W is one expert's MXFP4 as uint32 words
     [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order (`half_pairs`) as uint32
     float16 pairs [K/32, 16]. The lanes of a warp take 32 groups at a time, all of K in at most 4 steps whose loads
     all go out before the first product (a program's bytes in flight at once), with masks only on the last step's
-    groups past K (and on rows past N); a lane reads a row's group as one 16-byte load, its 16 input pairs as four.
-    `zero`: a uint32 0 that the compilers cannot see (from a loaded value), see below."""
+    groups past K (and on rows past N); a lane reads a row's group as one 16-byte load, its 16 input pairs as four."""
     GROUPS: tl.constexpr = K // 32
     STEPS: tl.constexpr = triton.cdiv(GROUPS, 32)
     tl.static_assert(STEPS <= 4, "K up to 4096")
     a0, a1, a2, a3, a4, a5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 0)
-    # the first products wait for every step's words and scales (times a zero), so that all of the program's DRAM
-    # reads go out before them: left to itself ptxas issues a step's words during the step before, which waits on
-    # its own first, and the scales after the last products
-    first = (tl.zeros((BLOCK_N, 32), tl.uint32) + zero) & a1.to(tl.uint32)
     if STEPS > 1:
         b0, b1, b2, b3, b4, b5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 1)
-        first &= _first_word(b0) & b1.to(tl.uint32)
     if STEPS > 2:
         c0, c1, c2, c3, c4, c5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 2)
-        first &= _first_word(c0) & c1.to(tl.uint32)
     if STEPS > 3:
         d0, d1, d2, d3, d4, d5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 3)
-        first &= _first_word(d0) & d1.to(tl.uint32)
-    acc = _step_products(a0, a1, a2, a3, a4, a5, tl.zeros((BLOCK_N, 32), tl.float32), first)
+    tl.debug_barrier()  # the compiler would otherwise issue each step's loads only after the step before
+    acc = _step_products(a0, a1, a2, a3, a4, a5, tl.zeros((BLOCK_N, 32), tl.float32))
     if STEPS > 1:
-        acc = _step_products(b0, b1, b2, b3, b4, b5, acc, tl.zeros((BLOCK_N, 32), tl.uint32))
+        acc = _step_products(b0, b1, b2, b3, b4, b5, acc)
     if STEPS > 2:
-        acc = _step_products(c0, c1, c2, c3, c4, c5, acc, tl.zeros((BLOCK_N, 32), tl.uint32))
+        acc = _step_products(c0, c1, c2, c3, c4, c5, acc)
     if STEPS > 3:
-        acc = _step_products(d0, d1, d2, d3, d4, d5, acc, tl.zeros((BLOCK_N, 32), tl.uint32))
+        acc = _step_products(d0, d1, d2, d3, d4, d5, acc)
     return tl.sum(acc, axis=1)
