@@ -43,10 +43,9 @@ CUDA_CORE_PAIRS = 4
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
-        # one pair per tile; depth: inputs per loop step, 32 groups of 32 (the lanes of a warp); bf16 activations
-        # in float16 pairs, 8 rows per program (27.5 + 13.8 us on the H200 at T = 1, against 44.4 + 24.1 for the
-        # float32 products; 4 rows at 2 warps swept 25.7 + 13.3, not yet run end to end: bench/NOTES.md)
-        return LaunchConfig(1, Tiles(8, 1024), Tiles(8, 1024), cuda_cores=True, half_pairs=True)
+        # one pair per program; bf16 activations in float16 pairs, 2 rows per one-warp program: 18.2 + 10.3 us on
+        # the H200 at T = 1 (8 rows / 4 warps 22.2 + 13.1, the tiled float16 pairs before 27.7 + 13.6, bench/NOTES.md)
+        return LaunchConfig(1, Tiles(2, 1024, warps=1), Tiles(2, 1024, warps=1), cuda_cores=True, half_pairs=True)
     return matrix_unit_config(num_pairs, mxfp4)
 
 

@@ -196,9 +196,9 @@ def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.con
                                 BLOCK_N: tl.constexpr):
     """W[rows, :] @ x -> [BLOCK_N] float32, before the inputs' unscaling. W is one expert's MXFP4 as uint32 words
     [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order (`half_pairs`) as uint32
-    float16 pairs [K/32, 16]. The lanes of a warp take 32 groups at a time, all of K in at most 4 steps whose loads
-    all go out before the first product (a program's bytes in flight at once), with masks only on the last step's
-    groups past K (and on rows past N); a lane reads a row's group as one 16-byte load, its 16 input pairs as four."""
+    float16 pairs [K/32, 16]. The lanes of a warp take 32 groups at a time, all of K in at most 4 unrolled steps,
+    with masks only on the last step's groups past K (and on rows past N); a lane reads a row's group as one
+    16-byte load, its 16 input pairs as four."""
     GROUPS: tl.constexpr = K // 32
     STEPS: tl.constexpr = triton.cdiv(GROUPS, 32)
     tl.static_assert(STEPS <= 4, "K up to 4096")
@@ -209,7 +209,9 @@ def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.con
         c0, c1, c2, c3, c4, c5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 2)
     if STEPS > 3:
         d0, d1, d2, d3, d4, d5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 3)
-    tl.debug_barrier()  # the compiler would otherwise issue each step's loads only after the step before
+    # ptxas still issues a step's words while the step before multiplies and the scales after the products (SASS);
+    # the barrier is what the H200 figures were measured with (bench/NOTES.md: forcing the order did not pay)
+    tl.debug_barrier()
     acc = _step_products(a0, a1, a2, a3, a4, a5, tl.zeros((BLOCK_N, 32), tl.float32))
     if STEPS > 1:
         acc = _step_products(b0, b1, b2, b3, b4, b5, acc)

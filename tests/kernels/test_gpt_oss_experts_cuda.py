@@ -82,7 +82,7 @@ def test_single_token_graph_replays_the_cuda_core_op_for_new_routings():
         assert torch.equal(replayed, eager)
 
 
-@pytest.mark.parametrize(("rows", "warps"), [(4, 1), (8, 4), (16, 4), (64, 8)])
+@pytest.mark.parametrize(("rows", "warps"), [(2, 1), (4, 1), (8, 4), (16, 4), (64, 8)])
 def test_one_token_in_half_pairs_matches_float32_reference(rows, warps):
     """The inline HFMA2 and LOP3 that the interpreter emulates, at 90 groups a row (two full steps and a tail)."""
     hidden, arenas, slots, weights = case(True, 1, rows + warps)
