@@ -4,7 +4,7 @@
 # for this tree alone:
 #   bash bench/h200_resident.sh check BASE   # the CUDA tests; launches per layer and step time, before and after
 #   bash bench/h200_resident.sh bench BASE   # decode at 100 % (model routing), before and after (BASE .: after)
-#   bash bench/h200_resident.sh experts      # the expert kernels at T = 1 (float16 pairs swept against before)
+#   bash bench/h200_resident.sh experts BASE # the expert kernels at T = 1 (float16 pairs swept; BASE's default)
 # Results land in $OUT/results.tgz (the machine keeps nothing, and only a few files come back).
 set -uo pipefail
 phase=${1:?check, bench or experts}
@@ -44,7 +44,23 @@ write_synthetic(Path('/tmp/g20'), '20b')"
 fi
 if [ "$phase" = experts ]; then
   python3 bench/kernel_gpt_oss_experts.py "$out/r/kernel-experts.json" --tokens 1 --formats mxfp4 --no-tile-sweeps \
-    2>&1 | tee "$out/r/kernel-experts.log" | tail -45
+    2>&1 | tee "$out/r/kernel-experts.log" | grep -v "^  sweep" | tail -30
+  # BASE's default single-token op, timed by BASE's own bench in the same call
+  [ "$base" = "$PWD" ] || (cd "$base" && python3 - "$out/r/kernel-experts-before.json" <<'PY'
+import json, sys; sys.path.insert(0, ".")
+import torch
+from bench.kernel_gpt_oss_experts import check, copy_bandwidth, machine, make_arenas, pick_config, time_case
+torch.manual_seed(0)
+arenas = make_arenas(True)
+case = {"machine": machine(), "command": "h200_resident.sh experts: BASE's run_experts at T = 1, its default",
+        "config": repr(pick_config(4, True)), "check": check(arenas, 1, None)} | time_case(arenas, 1, None)
+case["copy_bandwidth"] = copy_bandwidth()
+case["floor_us"] = case["bytes_read"] / case["copy_bandwidth"] * 1e6
+json.dump(case, open(sys.argv[1], "w"), indent=1)
+kernels = {k: round(v, 1) for k, v in case["kernels_us"].items()}
+print("before:", kernels, f"graph {case['graph_us']:.1f} us, floor {case['floor_us']:.1f} us")
+PY
+  )
   # the default single-token kernels' stall reasons (the third call's launches)
   cat > /tmp/one_token.py <<'PY'
 import sys; sys.path.insert(0, ".")
@@ -60,8 +76,8 @@ PY
   ncu --clock-control none -k regex:"_gate_up_kernel|_down_kernel" --launch-skip 4 --launch-count 2 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis python3 /tmp/one_token.py > "$out/r/ncu.txt" 2>&1
-  grep -E "Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Stall|Warp Cycles Per Issued" \
-    "$out/r/ncu.txt" | head -40
+  grep -E "^  [a-z_]+kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issued Warp|Warp Cycles Per Issued" \
+    "$out/r/ncu.txt" | head -24
   exit 0
 fi
 echo "unknown phase $phase" >&2

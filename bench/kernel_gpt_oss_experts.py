@@ -40,18 +40,19 @@ HIDDEN = WIDTH = 2880
 NUM_SLOTS, PICKS = 32, 4
 TOKEN_COUNTS = (1, 4, 16, 128, 256)
 LIMIT, ALPHA = 7.0, 1.702
-KERNELS = ("_plan_kernel", "_gate_up_kernel", "_down_kernel", "_sum_picks_kernel")
+# matched in the profiler's names: the float16-pair kernels (_half_pairs_gate_up_kernel, ...) count as the projections
+KERNELS = ("_plan_kernel", "_half_pairs_kernel", "_gate_up_kernel", "_down_kernel", "_sum_picks_kernel")
 # MXFP4 steps divide K = 2880: 32 or 64 inputs
 TILE_SWEEP = [
     Tiles(*shape)
     for shape in ((32, 64, 4, 3), (32, 64, 4, 4), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3),
                   (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4))
 ]
-# T = 1 in float16 pairs (mxfp4_half_pairs.py): rows per program (both projections), inputs per step, warps
+# T = 1 in float16 pairs (gpt_oss_experts_half_pairs.py): rows per program (both projections) and warps
 HALF_PAIR_SWEEP = [
-    LaunchConfig(1, Tiles(rows, depth, warps), Tiles(rows, depth, warps), cuda_cores=True, half_pairs=True)
-    for rows, depth, warps in ((4, 1024, 2), (8, 1024, 2), (8, 1024, 4), (16, 1024, 4), (32, 1024, 4), (16, 512, 2),
-                               (32, 512, 2), (16, 1024, 8), (32, 1024, 8), (64, 512, 4), (8, 2048, 4), (8, 4096, 4))
+    LaunchConfig(1, Tiles(rows, 1024, warps), Tiles(rows, 1024, warps), cuda_cores=True, half_pairs=True)
+    for rows, warps in ((2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8),
+                        (64, 8))
 ]
 # T = 1 as before the float16 pairs: float32 products (mxfp4_cuda_cores.py)
 FLOAT32_PRODUCTS = LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
@@ -306,11 +307,13 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
 
 def compiled_resources() -> dict:
     """Registers, spills and shared memory of every compiled kernel variant."""
-    from app.kernels import expert_tiles, gpt_oss_experts_triton
+    from app.kernels import expert_tiles, gpt_oss_experts_half_pairs, gpt_oss_experts_triton, mxfp4_half_pairs
 
     resources = {}
-    for name in KERNELS:
-        kernel = getattr(gpt_oss_experts_triton, name, None) or getattr(expert_tiles, name)
+    modules = (gpt_oss_experts_triton, gpt_oss_experts_half_pairs, mxfp4_half_pairs, expert_tiles)
+    names = [*KERNELS, "_half_pairs_gate_up_kernel", "_half_pairs_down_kernel"]
+    for name in names:
+        kernel = next(getattr(m, name) for m in modules if hasattr(m, name))
         for caches in kernel.device_caches.values():
             resources[name] = [
                 {"regs": k.n_regs, "spills": k.n_spills, "shared": k.metadata.shared, "warps": k.metadata.num_warps,

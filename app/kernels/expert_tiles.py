@@ -13,11 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.mxfp4_half_pairs import pair_order
-
-# how store_activations lays out a pair's activations [W]: as they are, by group ([32, W/32], mxfp4_cuda_cores.py),
-# or in pair order ([16, W/32, 2], mxfp4_half_pairs.py)
-IN_ORDER, GROUP_MAJOR, PAIR_ORDER = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+# how store_activations lays out a pair's activations [W]: as they are, or by group ([32, W/32], mxfp4_cuda_cores.py)
+IN_ORDER, GROUP_MAJOR = tl.constexpr(0), tl.constexpr(1)
 MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
 # whether the expert kernels run in Triton's interpreter (triton.jit reads the variable when they are
 # defined), whose bf16 tl.dot is wrong: UPCAST
@@ -41,7 +38,9 @@ class LaunchConfig:
     down: Tiles
     fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
     cuda_cores: bool = False  # MXFP4 at a few pairs per tile: products on CUDA cores (mxfp4_cuda_cores.py)
-    half_pairs: bool = False  # and at one pair per tile with bf16 activations: in float16 pairs (mxfp4_half_pairs.py)
+    # and at one pair per tile with bf16 activations: in float16 pairs, the tiles' features rows and warps per
+    # program, all of K in one pass (gpt_oss_experts_half_pairs.py)
+    half_pairs: bool = False
 
 
 @dataclass
@@ -58,7 +57,8 @@ def plan_tiles(slots: torch.Tensor, num_slots: int, pairs_per_tile: int) -> Tile
     num_pairs, device = slots.numel(), slots.device
     block_p = max(triton.next_power_of_2(num_pairs), pairs_per_tile)
     assert (num_slots + 1) * block_p < 2**31, "sort keys are int32"
-    max_tiles = triton.cdiv(num_pairs, pairs_per_tile) + min(num_pairs, num_slots) - 1
+    # chunks of BLOCK_M plus slot boundaries, and never more than the pairs (one pair per tile: P, not 2P - 1)
+    max_tiles = min(num_pairs, triton.cdiv(num_pairs, pairs_per_tile) + min(num_pairs, num_slots) - 1)
     plan = TilePlan(
         sorted_pairs=torch.empty(block_p, dtype=torch.int32, device=device),
         sorted_slots=torch.empty(block_p, dtype=torch.int32, device=device),
@@ -136,15 +136,10 @@ def store_activations(
     activations_ptr, activation, positions, used, width, COLUMNS: tl.constexpr, ORDER: tl.constexpr = IN_ORDER
 ):
     """A gate_up tile's activation [COLUMNS, BLOCK_M] into rows `positions` of activations [P, W], at this
-    program's COLUMNS feature columns, each row in ORDER: IN_ORDER, GROUP_MAJOR ([32, W/32]: column c at
-    c % 32, c // 32) or PAIR_ORDER (`pair_order`)."""
+    program's COLUMNS feature columns, each row in ORDER: IN_ORDER or GROUP_MAJOR ([32, W/32]: column c at
+    c % 32, c // 32)."""
     columns = tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
-    if ORDER == GROUP_MAJOR:
-        offsets = (columns % 32) * (width // 32) + columns // 32
-    elif ORDER == PAIR_ORDER:
-        offsets = pair_order(columns, width)
-    else:
-        offsets = columns
+    offsets = (columns % 32) * (width // 32) + columns // 32 if ORDER == GROUP_MAJOR else columns
     tl.store(
         activations_ptr + positions[None, :] * width + offsets[:, None],
         activation.to(activations_ptr.dtype.element_ty),

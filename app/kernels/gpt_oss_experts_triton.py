@@ -6,7 +6,7 @@ or page-locked host memory read over PCIe in place; MXFP4 is dequantized on the 
 Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be as small as 16.
 At decode (a few pairs per tile) MXFP4 products run on CUDA cores instead (mxfp4_cuda_cores.py): no matrix
 unit, one or two pairs per tile; with bf16 activations and one pair per tile (the single-token step) in float16
-pairs, two weights per instruction (mxfp4_half_pairs.py).
+pairs, two weights per instruction, with no tiles at all (gpt_oss_experts_half_pairs.py).
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W], in sorted order.
 - down: bias and routing weight in the epilogue -> one float32 row per pick [P, H].
@@ -25,7 +25,6 @@ from app.kernels.expert_tiles import (
     IN_ORDER,
     INTERPRETED,
     MAX_PAIRS,
-    PAIR_ORDER,
     LaunchConfig,
     Tiles,
     plan_tiles,
@@ -33,13 +32,8 @@ from app.kernels.expert_tiles import (
     sum_picks,
     tile_rows,
 )
+from app.kernels.gpt_oss_experts_half_pairs import run_in_half_pairs
 from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_inputs
-from app.kernels.mxfp4_half_pairs import (
-    LARGEST_INPUT_EXPONENT,
-    activation_shift,
-    half_pairs,
-    mxfp4_rows_times_half_pairs,
-)
 
 # MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products: on the H200 they beat the
 # matrix units at T = 1 (kernels 68-71 us against 81) and lose at T = 4 (233 against 193: a pair per tile reads a
@@ -49,10 +43,9 @@ CUDA_CORE_PAIRS = 4
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
-        # one pair per tile; depth: inputs per loop step, 32 groups of 32 (the lanes of a warp); bf16 activations
-        # in float16 pairs, 8 rows per program (27.5 + 13.8 us on the H200 at T = 1, against 44.4 + 24.1 for the
-        # float32 products; 4 rows at 2 warps swept 25.7 + 13.3, not yet run end to end: bench/NOTES.md)
-        return LaunchConfig(1, Tiles(8, 1024), Tiles(8, 1024), cuda_cores=True, half_pairs=True)
+        # one pair per program; bf16 activations in float16 pairs, 2 rows per one-warp program: 18.2 + 10.3 us on
+        # the H200 at T = 1 (8 rows / 4 warps 22.2 + 13.1, the tiled float16 pairs before 27.7 + 13.6, bench/NOTES.md)
+        return LaunchConfig(1, Tiles(2, 1024, warps=1), Tiles(2, 1024, warps=1), cuda_cores=True, half_pairs=True)
     return matrix_unit_config(num_pairs, mxfp4)
 
 
@@ -115,34 +108,29 @@ def run_from_table(
     assert not mxfp4 or (hidden_size % 32 == 0 and width % 32 == 0), "MXFP4 groups are 32 wide"
     config = config or pick_config(rows.numel(), mxfp4)
 
+    assert not config.cuda_cores or mxfp4, "CUDA-core products are for MXFP4 weights"
+    assert not config.half_pairs or (config.cuda_cores and config.pairs_per_tile == 1), "half pairs: 1 pair a tile"
+    if config.half_pairs and hidden.dtype != torch.float32:  # float32 activations keep float32 products
+        return run_in_half_pairs(hidden, arenas, table, rows, weights, limit, alpha, names,
+                                 (config.gate_up, config.down))
+
     num_pairs, device = rows.numel(), hidden.device
     plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
-
-    assert not config.cuda_cores or mxfp4, "CUDA-core products are for MXFP4 weights"
     if config.cuda_cores:  # the products read 8 codes at a time: [S, N, K/32, 16] bytes -> [S, N, K/32, 4] words
         gate_up, down = gate_up.view(torch.int32), down.view(torch.int32)
-    assert not config.half_pairs or (config.cuda_cores and config.pairs_per_tile == 1), "half pairs: 1 pair a tile"
-    half = config.half_pairs and hidden.dtype != torch.float32  # float32 activations keep float32 products
-    shift = activation_shift(limit) if half else 0
     shared = dict(
         MXFP4=mxfp4, F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
-        CUDA_CORES=config.cuda_cores, HALF_PAIRS=half, ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - shift),
-        COLUMNS=len(names),
+        CUDA_CORES=config.cuda_cores, COLUMNS=len(names),
     )
-    # CUDA-core products read x as float32 by group, or as float16 pairs (gate_up's kernel writes the activations
-    # so too); half pairs also give the hidden states' unscaling per token
-    if half:
-        x, x_unscale = half_pairs(hidden)
-    else:
-        x = group_major(hidden) if config.cuda_cores else hidden
-        x_unscale = x  # unused: a typed pointer only
+    # CUDA-core products read x as float32 by group (gate_up's kernel writes the activations so too)
+    x = group_major(hidden) if config.cuda_cores else hidden
     activations = torch.empty((num_pairs, width), dtype=x.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(two_width, tiles.features))](
-        x, x_unscale, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], table, *tiles_in, activations,
+        x, gate_up, gate_up_scales, arenas["gate_up_proj_bias"], table, *tiles_in, activations,
         limit, alpha, hidden_size, width, picks, *gate_up_columns,
-        **shared, ACT_SCALE=2.0**shift, BLOCK_N=tiles.features,
+        **shared, BLOCK_N=tiles.features,
         BLOCK_K=_step(tiles, hidden_size, mxfp4, config.cuda_cores), num_warps=tiles.warps, num_stages=tiles.stages,
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
@@ -217,22 +205,14 @@ def _expert_matmul(
 
 @triton.jit
 def _products(
-    x_ptr, inputs, used, unscale, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column, features,
+    x_ptr, inputs, used, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column, features,
     n_size, k_size, MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
-    HALF_PAIRS: tl.constexpr, COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One projection of the tile's expert (row `row` of the address table), on CUDA cores (float32 or float16
-    pairs, whose inputs' scaling `unscale` undoes) or the matrix units."""
+    """One projection of the tile's expert (row `row` of the address table), on CUDA cores or the matrix units."""
     weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
     scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
-    if HALF_PAIRS:  # one pair per tile; a row's K float16 inputs are K / 2 uint32 pairs
-        one_input = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + tl.sum(inputs, axis=0).to(tl.int64) * (
-            k_size // 2)
-        sums = mxfp4_rows_times_half_pairs(one_input, weights, scales, features, n_size, k_size, BLOCK_N,
-                                           BLOCK_K // 32)
-        acc = tl.where(used[None, :], (sums * unscale)[:, None], 0.0)
-    elif CUDA_CORES:
+    if CUDA_CORES:
         acc = mxfp4_rows_times_inputs(
             x_ptr, inputs, used, weights, scales, features, n_size, k_size, BLOCK_M, BLOCK_N, BLOCK_K // 32,
         )
@@ -246,11 +226,10 @@ def _products(
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, hidden_unscale_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr,
+    hidden_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr,
     limit, alpha, hidden_size, width, picks, weight_column, scale_column, bias_column,
     MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
-    HALF_PAIRS: tl.constexpr, ACT_SCALE: tl.constexpr, ACT_UNSCALE: tl.constexpr,
     COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
@@ -258,10 +237,9 @@ def _gate_up_kernel(
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
     tokens = tl.load(sorted_pairs_ptr + positions, mask=used, other=0) // picks
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    unscale = tl.load(hidden_unscale_ptr + tl.sum(tokens, axis=0)) if HALF_PAIRS else 1.0
     acc = _products(
-        hidden_ptr, tokens, used, unscale, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column,
-        features, 2 * width, hidden_size, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, HALF_PAIRS, COLUMNS, BLOCK_M,
+        hidden_ptr, tokens, used, table_ptr, row, weight_ptr, scale_ptr, weight_column, scale_column,
+        features, 2 * width, hidden_size, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, COLUMNS, BLOCK_M,
         BLOCK_N, BLOCK_K,
     )
     biases = row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
@@ -272,12 +250,9 @@ def _gate_up_kernel(
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     activation = (up + 1) * gate * tl.sigmoid(alpha * gate)
-    # the down products read them as the hidden states: float16 pairs or float32 by group, scaled
-    if HALF_PAIRS:
-        activation *= ACT_SCALE
-    elif CUDA_CORES:
+    if CUDA_CORES:  # the down products read them as the hidden states: float32 by group, scaled
         activation *= X_SCALE
-    order: tl.constexpr = PAIR_ORDER if HALF_PAIRS else GROUP_MAJOR if CUDA_CORES else IN_ORDER
+    order: tl.constexpr = GROUP_MAJOR if CUDA_CORES else IN_ORDER
     store_activations(activations_ptr, activation, positions, used, width, BLOCK_N // 2, order)
 
 
@@ -287,7 +262,6 @@ def _down_kernel(
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
     weight_column, scale_column, bias_column,
     MXFP4: tl.constexpr, F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, CUDA_CORES: tl.constexpr,
-    HALF_PAIRS: tl.constexpr, ACT_UNSCALE: tl.constexpr,
     COLUMNS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     if tl.program_id(0) >= tl.load(tile_count_ptr):
@@ -296,8 +270,8 @@ def _down_kernel(
     pairs = tl.load(sorted_pairs_ptr + positions, mask=used, other=0)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _products(
-        activations_ptr, positions, used, ACT_UNSCALE, table_ptr, row, weight_ptr, scale_ptr, weight_column,
-        scale_column, features, hidden_size, width, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, HALF_PAIRS, COLUMNS,
+        activations_ptr, positions, used, table_ptr, row, weight_ptr, scale_ptr, weight_column,
+        scale_column, features, hidden_size, width, MXFP4, F32_INPUTS, UPCAST, CUDA_CORES, COLUMNS,
         BLOCK_M, BLOCK_N, BLOCK_K,
     )
     biases = row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)

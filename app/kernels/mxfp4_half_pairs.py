@@ -5,19 +5,20 @@ The float32 products of mxfp4_cuda_cores.py cost ~7 instructions per weight (sm_
 issue-bound well above the HBM floor. Here an e2m1 code goes straight into the bits of a float16 with its
 magnitude at bits 11..9 (the lowest two exponent bits and the highest mantissa bit) and its sign at 15: that
 float16 is the e2m1 value times 2^-14, also for the code 0.5 (a float16 subnormal, which float16 arithmetic
-keeps). One 32-bit word of 8 codes gives four float16 pairs with two shifts and two masks each: code p in the
-low half and code p + 4 in the high half (p = 0..3), and one packed FMA (HFMA2) multiplies a pair with its two
-inputs: 2.5 instructions per weight for decoding and multiplying, 3.3-5 with loads and addresses (sm_90
-disassembly of the loop; ~7 for the float32 products). The packed FMA is inline PTX on a GPU (Triton's own
-float16 arithmetic packs other elements together and shuffles the pairs apart); Triton's interpreter, which runs
-no PTX, takes the same FMA on the halves (EMULATED), so the CUDA tests cover the PTX itself.
+keeps). One 32-bit word of 8 codes gives four float16 pairs, code p in the low half and code p + 4 in the high half
+(p = 0..3), with one shift and one mask each after two selects per word (`_code_pairs`); one packed FMA (HFMA2)
+multiplies a pair with its two inputs: 15 instructions per 8 weights, 1.9 per weight (sm_90 disassembly; 19 with
+two shifts and two masks a pair). The packed FMA and the selects are inline PTX on a GPU (Triton's own float16
+arithmetic packs other elements together and shuffles the pairs apart; its selects take two masks); Triton's
+interpreter, which runs no PTX, takes the same operations on the halves (EMULATED), so the CUDA tests cover the
+PTX itself.
 
 Each group's 32 products are summed in float16 (16 products per half), then in float32 times the group's
 scale. So that float16 neither overflows nor loses small values, the inputs are scaled into [-2^14, 2^14]: the
 hidden states by a power of two per token (`half_pairs`, from their largest magnitude), the activations between
 gate_up and down by a fixed one (the clamped SwiGLU is bounded by (limit + 1) * limit). The inputs are stored
-in pair order ([16, K/32, 2] per token: pair slot s = 4 w + p of word w, then the group, then the half), so that
-a warp whose lanes take consecutive groups loads one 128-byte line per pair slot.
+in pair order ([K/32, 16, 2] per token: the group, pair slot s = 4 w + p of word w, the half), so that a lane that
+takes a group reads its 16 pairs as four 16-byte loads.
 """
 
 import math
@@ -51,11 +52,10 @@ def half_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def pair_order(columns, k_size):
-    """Where input `columns` of a token's K inputs sit in pair order: [16, K/32, 2]."""
-    group, within = columns // 32, columns % 32
-    word, code = within // 8, within % 8
-    return ((word * 4 + code % 4) * (k_size // 32) + group) * 2 + code // 4
+def pair_order(columns):
+    """Where input `columns` of a token's inputs sit in pair order: [K/32, 16, 2] (group, pair slot, half)."""
+    code = columns % 8
+    return columns - code + (code % 4) * 2 + code // 4
 
 
 @triton.jit
@@ -68,19 +68,40 @@ def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, k_size, BLOCK: tl.constexp
     field = (tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
     exponent = tl.minimum(tl.maximum(140 - field, -100), 100)
     scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(pairs_ptr + token * k_size + pair_order(columns, k_size), (x * scale).to(tl.float16), mask=inside)
+    tl.store(pairs_ptr + token * k_size + pair_order(columns), (x * scale).to(tl.float16), mask=inside)
     tl.store(unscale_ptr + token, ((141 - exponent) << 23).to(tl.float32, bitcast=True))  # 2^(14 - exponent)
 
 
 @triton.jit
-def _code_pair(words, P: tl.constexpr):
-    """Codes P (low half) and P + 4 (high half) of every uint32 in `words` -> the bits of float16 pairs, values
-    times 2^-14."""
-    if P == 3:
-        bits = ((words >> 3) & 0x0E000E00) | (words & 0x80008000)
-    else:
-        bits = ((words << (9 - 4 * P)) & 0x0E000E00) | ((words << (12 - 4 * P)) & 0x80008000)
-    return bits
+def _code_pairs(words):
+    """Every uint32 of 8 codes in `words` -> its 4 float16 pairs (codes p and p + 4, p = 0..3) as uint32 bits,
+    values times 2^-14. Code p's sign sits 3 bits above its magnitude in the word, 3 bits below it in a float16:
+    two words that take the signs from the word shifted by 3 and the magnitudes from the word itself serve two
+    pairs each (codes 0, 2 and 1, 3), so each pair costs one shift and one mask."""
+    shifted = words << 3
+    even = _select_even(words, shifted)
+    odd = _select_odd(words, shifted)
+    pair3 = (odd.to(tl.int32, bitcast=True) >> 3).to(tl.uint32, bitcast=True)  # brings code 7's sign down to 31
+    return (even << 9) & 0x8E008E00, (odd << 5) & 0x8E008E00, (even << 1) & 0x8E008E00, pair3 & 0x8E008E00
+
+
+@triton.jit
+def _select_even(words, shifted):
+    """The magnitudes of codes 0, 2, 4, 6 from `words`, the other bits (their signs 3 bits up) from `shifted`: one
+    LOP3 (the compiler gives two for the masks and their complement)."""
+    if EMULATED:
+        return (words & 0x07070707) | (shifted & 0xF8F8F8F8)
+    return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, 0x07070707, 0xE4;", "=r,r,r", [words, shifted],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _select_odd(words, shifted):
+    """The magnitudes of codes 1, 3, 5, 7 and code 7's sign (bit 31) from `words`, the other bits from `shifted`."""
+    if EMULATED:
+        return (words & 0xF0707070) | (shifted & 0x0F8F8F8F)
+    return tl.inline_asm_elementwise("lop3.b32 $0, $1, $2, 0xF0707070, 0xE4;", "=r,r,r", [words, shifted],
+                                     dtype=tl.uint32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -107,48 +128,95 @@ def _fma_pairs(a, b, c):
 
 
 @triton.jit
-def _step_weights(words_ptr, scale_ptr, words_at, scales_at, row_ok, group_ok):
-    """A step's words [BLOCK_N, GROUPS, 4] uint32 and scale bytes [BLOCK_N, GROUPS] (0 where masked)."""
-    w_ok = row_ok[:, None] & group_ok[None, :]
-    words4 = tl.load(words_ptr + words_at, mask=w_ok[:, :, None], other=0).to(tl.uint32, bitcast=True)
-    return words4, tl.load(scale_ptr + scales_at, mask=w_ok, other=0)
+def _four(t):
+    """[R, 32, 4] -> its four [R, 32] slices."""
+    first, second = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))  # 0, 2 and 1, 3
+    t0, t2 = tl.split(first)
+    t1, t3 = tl.split(second)
+    return t0, t1, t2, t3
 
 
 @triton.jit
-def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, n_size, k_size,
-                                BLOCK_N: tl.constexpr, GROUPS: tl.constexpr):
+def _word_times_pairs(words, x4, sums):
+    """sums + the 8 products of each word [R, 32] with its inputs x4 [R, 32, 4] (its 4 pairs), in float16 pairs."""
+    x0, x1, x2, x3 = _four(x4)
+    pair0, pair1, pair2, pair3 = _code_pairs(words)
+    sums = _fma_pairs(pair0, x0, sums)
+    sums = _fma_pairs(pair1, x1, sums)
+    sums = _fma_pairs(pair2, x2, sums)
+    return _fma_pairs(pair3, x3, sums)
+
+
+@triton.jit
+def _load(pointers, mask, FULL: tl.constexpr):
+    if FULL:
+        return tl.load(pointers)
+    return tl.load(pointers, mask=mask, other=0)
+
+
+@triton.jit
+def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                STEP: tl.constexpr):
+    """Step STEP's words [BLOCK_N, 32, 4] and scale bytes [BLOCK_N, 32], and the input pairs [BLOCK_N, 32, 4] of each
+    of the groups' 4 words (uint32 but the scales; 0 past N and past the last group)."""
+    group = STEP * 32 + tl.arange(0, 32)
+    full: tl.constexpr = (STEP + 1) * 32 <= GROUPS
+    four = tl.arange(0, 4)[None, None, :]
+    w_ok = (rows[:, None] < N) & (group[None, :] < GROUPS)
+    words_at = (rows[:, None, None] * GROUPS + group[None, :, None]) * 4 + four
+    words4 = _load(words_ptr + words_at, w_ok[:, :, None], full and N % BLOCK_N == 0)
+    # a byte per lane: contiguous bytes would go to one lane, and then to the others through shared memory
+    scales_at = tl.max_contiguous(rows[:, None] * GROUPS + group[None, :], [1, 1])
+    scale = _load(scale_ptr + scales_at, w_ok, full and N % BLOCK_N == 0)
+    # one 16-byte load per word: a lane's 16 pairs of a group are 64 contiguous bytes; read as [BLOCK_N, 32, 4]
+    # (a lane's rows load the same pairs once) so that they lie in the lanes as the words do
+    pairs_at = pairs_ptr + group[None, :, None] * 16 + four + rows[:, None, None] * 0
+    x_ok = (group < GROUPS)[None, :, None]
+    x0, x1 = _load(pairs_at, x_ok, full), _load(pairs_at + 4, x_ok, full)
+    x2, x3 = _load(pairs_at + 8, x_ok, full), _load(pairs_at + 12, x_ok, full)
+    return words4.to(tl.uint32, bitcast=True), scale, x0, x1, x2, x3
+
+
+@triton.jit
+def _step_products(words4, scale, x0, x1, x2, x3, acc):
+    """acc [BLOCK_N, 32] + each lane's group sums of a step, in float32 times the groups' scales."""
+    words0, words1, words2, words3 = _four(words4)
+    sums = tl.zeros(acc.shape, tl.uint32)  # float16 pairs: a group's 16 products per half
+    sums = _word_times_pairs(words0, x0.to(tl.uint32, bitcast=True), sums)
+    sums = _word_times_pairs(words1, x1.to(tl.uint32, bitcast=True), sums)
+    sums = _word_times_pairs(words2, x2.to(tl.uint32, bitcast=True), sums)
+    sums = _word_times_pairs(words3, x3.to(tl.uint32, bitcast=True), sums)
+    low, high = _halves(sums)
+    # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
+    return acc + (low + high) * (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.constexpr, K: tl.constexpr,
+                                BLOCK_N: tl.constexpr):
     """W[rows, :] @ x -> [BLOCK_N] float32, before the inputs' unscaling. W is one expert's MXFP4 as uint32 words
     [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order (`half_pairs`) as uint32
-    float16 pairs [16, K/32]; each step takes GROUPS groups of 32 inputs per row, and loads the next step's
-    weights before it multiplies its own (their DRAM latency then overlaps this step's work: down 15.3 -> 13.9
-    us on the H200 at T = 1, gate_up even)."""
-    groups_total = k_size // 32
-    row_ok = rows < n_size
-    group = tl.arange(0, GROUPS)
-    # lanes take groups: one 16-byte load per row brings a group's 4 words
-    words_at = (rows[:, None, None] * groups_total + group[None, :, None]) * 4 + tl.arange(0, 4)
-    scales_at = rows[:, None] * groups_total + group[None, :]
-    pairs_at = group  # [GROUPS] of pair slot 0
-    acc = tl.zeros((BLOCK_N, GROUPS), tl.float32)
-    words4, scale_byte = _step_weights(words_ptr, scale_ptr, words_at, scales_at, row_ok, group < groups_total)
-    for first in range(0, groups_total, GROUPS):
-        group_ok = group < groups_total - first
-        step_words, step_scales = words4, scale_byte
-        words_at += GROUPS * 4
-        scales_at += GROUPS
-        words4, scale_byte = _step_weights(words_ptr, scale_ptr, words_at, scales_at, row_ok,
-                                           group < groups_total - first - GROUPS)
-        even, odd = tl.split(tl.reshape(step_words, (BLOCK_N, GROUPS, 2, 2)))  # words 0, 2 and 1, 3
-        words0, words2 = tl.split(even)
-        words1, words3 = tl.split(odd)
-        sums = tl.zeros((BLOCK_N, GROUPS), tl.uint32)  # float16 pairs: a group's 16 products per half
-        for word_index in tl.static_range(4):
-            words = words0 if word_index == 0 else words1 if word_index == 1 else words2 if word_index == 2 else words3
-            for p in tl.static_range(4):
-                x = tl.load(pairs_ptr + pairs_at + (word_index * 4 + p) * groups_total, mask=group_ok, other=0)
-                sums = _fma_pairs(_code_pair(words, p), x.to(tl.uint32, bitcast=True)[None, :], sums)
-        low, high = _halves(sums)
-        # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
-        acc += (low + high) * (step_scales.to(tl.int32) << 23).to(tl.float32, bitcast=True)
-        pairs_at += GROUPS
+    float16 pairs [K/32, 16]. The lanes of a warp take 32 groups at a time, all of K in at most 4 unrolled steps,
+    with masks only on the last step's groups past K (and on rows past N); a lane reads a row's group as one
+    16-byte load, its 16 input pairs as four."""
+    GROUPS: tl.constexpr = K // 32
+    STEPS: tl.constexpr = triton.cdiv(GROUPS, 32)
+    tl.static_assert(STEPS <= 4, "K up to 4096")
+    a0, a1, a2, a3, a4, a5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 0)
+    if STEPS > 1:
+        b0, b1, b2, b3, b4, b5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 1)
+    if STEPS > 2:
+        c0, c1, c2, c3, c4, c5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 2)
+    if STEPS > 3:
+        d0, d1, d2, d3, d4, d5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 3)
+    # ptxas still issues a step's words while the step before multiplies and the scales after the products (SASS);
+    # the barrier is what the H200 figures were measured with (bench/NOTES.md: forcing the order did not pay)
+    tl.debug_barrier()
+    acc = _step_products(a0, a1, a2, a3, a4, a5, tl.zeros((BLOCK_N, 32), tl.float32))
+    if STEPS > 1:
+        acc = _step_products(b0, b1, b2, b3, b4, b5, acc)
+    if STEPS > 2:
+        acc = _step_products(c0, c1, c2, c3, c4, c5, acc)
+    if STEPS > 3:
+        acc = _step_products(d0, d1, d2, d3, d4, d5, acc)
     return tl.sum(acc, axis=1)

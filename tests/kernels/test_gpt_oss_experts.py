@@ -130,26 +130,35 @@ def test_cuda_core_products_match_reference(config, dtype):
     assert (out[1] == 0).all()
 
 
-@pytest.mark.parametrize("hidden_size", [96, 160])
-def test_one_bfloat16_token_in_half_pairs_matches_float32_reference(hidden_size):
-    """The single-token default: float16 pairs (mxfp4_half_pairs.py), a skipped pick, 3 or 5 groups a row."""
-    generator = torch.Generator().manual_seed(hidden_size)
+# float16 pairs (mxfp4_half_pairs.py) at 3, 5 and 33 groups a row (a masked step; a full one and a tail), two tokens
+# of two picks, and rows per program that leave row tails (2W = 192 rows at 128, H = 160 at 64)
+ROW_TAILS = LaunchConfig(1, Tiles(128, 1024), Tiles(64, 1024, warps=2), cuda_cores=True, half_pairs=True)
+HALF_PAIRS = [(96, 1, 4, None), (160, 1, 4, None), (1056, 1, 4, ROW_TAILS), (96, 2, 2, None), (160, 1, 4, ROW_TAILS)]
+
+
+@pytest.mark.parametrize(("hidden_size", "tokens", "picks", "config"), HALF_PAIRS,
+                         ids=["3-groups", "5-groups", "33-groups", "2-tokens", "row-tails"])
+def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, tokens, picks, config):
+    """The decode default (one pair per program, float16 pairs) with a skipped pick."""
+    generator = torch.Generator().manual_seed(hidden_size + tokens)
     arenas = random_arenas(5, True, generator, hidden_size)
-    slots, weights = random_routing(1, 4, 5, generator)
-    slots[0, 2] = -1
-    hidden = (torch.randn(1, hidden_size, generator=generator) * 3).to(torch.bfloat16)
-    assert pick_config(4, mxfp4=True).half_pairs
-    out = run_kernel(hidden, arenas, slots, weights.to(torch.bfloat16))
+    slots, weights = random_routing(tokens, picks, 5, generator)
+    slots[0, 1] = -1
+    hidden = (torch.randn(tokens, hidden_size, generator=generator) * 3).to(torch.bfloat16)
+    assert pick_config(tokens * picks, mxfp4=True).half_pairs
+    out = run_kernel(hidden, arenas, slots, weights.to(torch.bfloat16), config=config)
     ref = gpt_oss_experts_torch(hidden.float(), arenas, slots, weights.to(torch.bfloat16).float(), LIMIT, ALPHA)
     assert out.dtype == torch.bfloat16
     assert relative_error(out, ref) < 6e-3  # bf16 output rounding alone is ~2e-3
+    if tokens > 1:
+        assert (out[1] == 0).all()  # all its picks skipped
 
 
 def test_half_pairs_scale_by_a_power_of_two_into_pair_order():
     x = torch.randn(2, 64) * torch.tensor([[1e-3], [300.0]])
     pairs, unscale = half_pairs(x)
-    # input 8 w + p + 4 h of group g sits at ((4 w + p) * groups + g) * 2 + h
-    order = torch.arange(64).view(2, 4, 2, 4).permute(1, 3, 0, 2).flatten()
+    # input 8 w + p + 4 h of group g sits at 32 g + 8 w + 2 p + h: a group's 16 pairs (p, p + 4 of word w) together
+    order = torch.arange(64).view(2, 4, 2, 4).permute(0, 1, 3, 2).flatten()
     restored = pairs.float()[:, torch.argsort(order)] * unscale[:, None] * 2.0**-14
     torch.testing.assert_close(restored, x, rtol=2**-11, atol=0)
     assert (pairs.float().abs().amax(dim=1) < 2**14).all() and (pairs.float().abs().amax(dim=1) >= 2**13).all()

@@ -1,0 +1,118 @@
+"""GPT-OSS routed experts for a few (token, pick) pairs with bf16 activations (the decode step), MXFP4 products in
+float16 pairs (mxfp4_half_pairs.py).
+
+One program per pair and block of output rows, so every weight of a pair's expert is read once by one program; a
+pair reads its expert where its row of the address table (expert_table.py) points, and a skipped pick's programs
+return at once. No tile plan: at one pair per program there is nothing to group.
+
+- gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W] times 2^shift, in pair order.
+- down: bias and routing weight in the epilogue -> one float32 row per pick [P, H], which `sum_picks` adds.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from app.kernels.expert_table import row_pointer
+from app.kernels.expert_tiles import Tiles, sum_picks
+from app.kernels.mxfp4_half_pairs import (
+    LARGEST_INPUT_EXPONENT,
+    activation_shift,
+    half_pairs,
+    mxfp4_rows_times_half_pairs,
+    pair_order,
+)
+
+
+def run_in_half_pairs(
+    hidden: torch.Tensor,
+    arenas: dict[str, torch.Tensor],
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    limit: float,
+    alpha: float,
+    columns: tuple[str, ...],
+    tiles: tuple[Tiles, Tiles],
+) -> torch.Tensor:
+    """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
+    names the table's columns; `tiles` gives each projection's rows per program and warps."""
+    picks = rows.shape[1]
+    hidden_size, width = hidden.shape[1], arenas["gate_up_proj_bias"].shape[1] // 2
+    assert hidden_size % 32 == 0 and width % 32 == 0, "MXFP4 groups are 32 wide"
+    num_pairs, device = rows.numel(), hidden.device
+    x, x_unscale = half_pairs(hidden)
+    shift = activation_shift(limit)
+    gate_up_columns = [columns.index(f"gate_up_proj_{part}") for part in ("blocks", "scales", "bias")]
+    down_columns = [columns.index(f"down_proj_{part}") for part in ("blocks", "scales", "bias")]
+    activations = torch.empty((num_pairs, width), dtype=torch.float16, device=device)
+    gate_up, down = tiles
+    _half_pairs_gate_up_kernel[(num_pairs, triton.cdiv(2 * width, gate_up.features))](
+        x, x_unscale, arenas["gate_up_proj_blocks"].view(torch.int32), arenas["gate_up_proj_scales"],
+        arenas["gate_up_proj_bias"], table, rows, activations, limit, alpha, *gate_up_columns,
+        H=hidden_size, W=width, PICKS=picks, COLUMNS=len(columns), ACT_SCALE=2.0**shift, BLOCK_N=gate_up.features,
+        num_warps=gate_up.warps,
+    )
+    per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
+    _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, down.features))](
+        activations, arenas["down_proj_blocks"].view(torch.int32), arenas["down_proj_scales"],
+        arenas["down_proj_bias"], table, rows, weights, per_pick, *down_columns,
+        H=hidden_size, W=width, COLUMNS=len(columns), ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - shift),
+        BLOCK_N=down.features, num_warps=down.warps,
+    )
+    return sum_picks(per_pick, rows, hidden.dtype)
+
+
+@triton.jit
+def _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column, bias_column,
+            COLUMNS: tl.constexpr):
+    """The pointers of the tensors of the expert in row `row` of the address table."""
+    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
+    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
+    return weights, scales, row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
+
+
+@triton.jit
+def _half_pairs_gate_up_kernel(
+    pairs_ptr, unscale_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, activations_ptr,
+    limit, alpha, weight_column, scale_column, bias_column,
+    H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr, ACT_SCALE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
+    if row < 0:
+        return
+    weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
+                                      bias_column, COLUMNS)
+    token = pair // PICKS
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inputs = pairs_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (H // 2)  # K / 2 uint32 pairs a row
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, 2 * W, H, BLOCK_N)
+    acc = acc * tl.load(unscale_ptr + token) + tl.load(biases + features, mask=features < 2 * W).to(tl.float32)
+    gate, up = tl.split(tl.reshape(acc, (BLOCK_N // 2, 2)))  # rows alternate gate, up
+    gate = tl.minimum(gate, limit)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    activation = (up + 1) * gate * tl.sigmoid(alpha * gate) * ACT_SCALE  # read by down as its inputs: scaled
+    columns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(activations_ptr + pair * W + pair_order(columns), activation.to(tl.float16), mask=columns < W)
+
+
+@triton.jit
+def _half_pairs_down_kernel(
+    activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
+    weight_column, scale_column, bias_column,
+    H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
+    if row < 0:
+        return
+    weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
+                                      bias_column, COLUMNS)
+    features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N)
+    bias = tl.load(biases + features, mask=features < H).to(tl.float32)
+    acc = (acc * ACT_UNSCALE + bias) * tl.load(routing_ptr + pair).to(tl.float32)
+    tl.store(per_pick_ptr + pair * H + features, acc, mask=features < H)
