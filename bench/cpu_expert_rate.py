@@ -21,23 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.kernels.cpu import library
 from app.kernels.gpt_oss_experts import gpt_oss_experts_cpu
+from tests.kernels.test_gpt_oss_experts import random_arenas
 
 WIDTH = HIDDEN = 2880  # gpt-oss-20b and -120b
 LIMIT, ALPHA = 7.0, 1.702
-
-
-def random_experts(count: int) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-
-    def codes(*shape):
-        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=generator)
-
-    return {"gate_up_proj_blocks": codes(count, 2 * WIDTH, HIDDEN // 32, 16),
-            "gate_up_proj_scales": torch.randint(118, 124, (count, 2 * WIDTH, HIDDEN // 32), dtype=torch.uint8),
-            "gate_up_proj_bias": torch.randn(count, 2 * WIDTH, generator=generator),
-            "down_proj_blocks": codes(count, HIDDEN, WIDTH // 32, 16),
-            "down_proj_scales": torch.randint(118, 124, (count, HIDDEN, WIDTH // 32), dtype=torch.uint8),
-            "down_proj_bias": torch.randn(count, HIDDEN, generator=generator)}
 
 
 def call_seconds(arenas: dict[str, torch.Tensor], picks: int, calls: int) -> float:
@@ -62,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     if not library.built():
         raise SystemExit("the CPU kernels are not built: pip install -e . (or setup.py build_ext --inplace)")
-    arenas = random_experts(args.experts)
+    arenas = random_arenas(args.experts, True, torch.Generator().manual_seed(0), HIDDEN, WIDTH)
     expert_bytes = sum(t[0].numel() * t.element_size() for t in arenas.values())
     rows = []
     for threads in (int(n) for n in args.threads.split(",")):

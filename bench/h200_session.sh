@@ -16,15 +16,26 @@ phase=${1:?start or bench}
 out=${OUT:-/tmp/out}
 ncmoe=${NCMOE:-0,12,18,24}; fractions=${FRACTIONS:-1.0,0.5,0.25,0.1}; routing=${ROUTING:-model,trace,uniform}
 cpu_threads=${CPU_THREADS:-0}
+
+build_cpu_kernels() {  # the CPU expert kernels, as `pip install -e .` builds them (setup.py), for this Python
+  gcc -O3 -std=c11 -fopenmp -shared -fPIC -o "app/kernels/cpu/_experts$(python3-config --extension-suffix)" \
+    app/kernels/cpu/*.c -lm
+}
+
+write_checkpoint() {  # the synthetic gpt-oss-20b that this engine and llama.cpp both read
+  python3 -c "
+import sys; sys.path.insert(0, '.')
+from pathlib import Path
+from bench.decode_gpt_oss import write_synthetic
+write_synthetic(Path('/tmp/g20'), '20b')" > "$out/checkpoint.log" 2>&1
+}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 
 if [ "$phase" = start ]; then
   nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv > "$out/gpu.txt"
   lscpu > "$out/cpu.txt"
-  # the CPU expert kernels, as `pip install -e .` builds them (setup.py), for this Python
-  gcc -O3 -std=c11 -fopenmp -shared -fPIC -o "app/kernels/cpu/_experts$(python3-config --extension-suffix)" \
-    app/kernels/cpu/*.c -lm
+  build_cpu_kernels
   cp -r .peer /tmp/peer
   # llama.cpp first builds (CPU-bound) while the checkpoint is written and the tests run; it is benched once
   # both are done, alone on the machine
@@ -38,11 +49,7 @@ if [ "$phase" = start ]; then
       -o json > /tmp/llama-pp.json 2> /tmp/llama-pp.log
     touch /tmp/llama.done
   ' > /tmp/peer-job.log 2>&1 < /dev/null &
-  python3 -c "
-import sys; sys.path.insert(0, '.')
-from pathlib import Path
-from bench.decode_gpt_oss import write_synthetic
-write_synthetic(Path('/tmp/g20'), '20b')" > "$out/checkpoint.log" 2>&1 && touch /tmp/g20.done
+  write_checkpoint && touch /tmp/g20.done
   python3 -m pytest -q -p no:cacheprovider tests/engine/test_device_misses_cuda.py tests/engine/test_cuda.py \
     tests/engine/test_cpu_tier_cuda.py \
     tests/engine/test_glm_cuda.py tests/engine/spec/test_spec_cuda.py tests/engine/test_segmented_decode.py \
@@ -68,14 +75,9 @@ if [ "$phase" = bench ]; then
 fi
 
 if [ "$phase" = tier ]; then  # the CPU expert tier alone (no llama.cpp build): its tests, its rates, its decode
-  gcc -O3 -std=c11 -fopenmp -shared -fPIC -o "app/kernels/cpu/_experts$(python3-config --extension-suffix)" \
-    app/kernels/cpu/*.c -lm
+  build_cpu_kernels
   lscpu > "$out/cpu.txt"
-  python3 -c "
-import sys; sys.path.insert(0, '.')
-from pathlib import Path
-from bench.decode_gpt_oss import write_synthetic
-write_synthetic(Path('/tmp/g20'), '20b')" > "$out/checkpoint.log" 2>&1 &
+  write_checkpoint &
   TRITON_INTERPRET=1 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpt_oss_experts_cpu.py \
     tests/kernels/test_glu_experts_cpu.py tests/kernels/test_cpu_share.py -k "not decoding and not verify" \
     2>&1 | tail -3 | tee "$out/cpu-tests.log"

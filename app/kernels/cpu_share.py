@@ -45,6 +45,22 @@ class CpuShareBuffers(NamedTuple):
     pending: torch.Tensor  # [1] int64 on the device: the ticket this call waits for, 0 for none
     failed: torch.Tensor  # [1] int64 on the device: 1 once a wait gave up
 
+    @classmethod
+    def allocate(cls, max_tokens: int, picks: int, hidden_size: int, device: torch.device) -> "CpuShareBuffers":
+        """Zeros (slots -1); the host's buffers page-locked when `device` is a GPU."""
+        pin = device.type == "cuda"
+
+        def host(*shape, dtype=torch.float32, fill=0):
+            return torch.full(shape, fill, dtype=dtype, pin_memory=pin)
+
+        def on_device(size, dtype=torch.long):
+            return torch.zeros(size, dtype=dtype, device=device)
+
+        return cls(control=host(8, dtype=torch.long), slots=host(max_tokens * picks, dtype=torch.long, fill=-1),
+                   weights=host(max_tokens * picks), x=host(max_tokens, hidden_size),
+                   out=host(max_tokens, hidden_size), costs=on_device(3, torch.float32), ticket=on_device(1),
+                   pending=on_device(1), failed=on_device(1))
+
 
 def cpu_count(misses: int, pairs: int, costs: list[float]) -> int:
     """How many of `misses` experts (`pairs` pairs between them) the CPU computes: of the two counts around where

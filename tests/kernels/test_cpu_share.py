@@ -32,15 +32,10 @@ NUM_EXPERTS, HIDDEN = 12, 40
 
 
 def buffers(tokens: int, picks: int, costs: tuple[float, float, float]) -> CpuShareBuffers:
-    return CpuShareBuffers(
-        control=torch.zeros(8, dtype=torch.long), slots=torch.full((tokens * picks,), -1, dtype=torch.long),
-        weights=torch.zeros(tokens * picks), x=torch.zeros(tokens, HIDDEN), out=torch.zeros(tokens, HIDDEN),
-        costs=torch.tensor(costs), ticket=torch.tensor([6]), pending=torch.zeros(1, dtype=torch.long),
-        failed=torch.zeros(1, dtype=torch.long))
-
-
-def copied(b: CpuShareBuffers) -> CpuShareBuffers:
-    return CpuShareBuffers(*(t.clone() for t in b))
+    b = CpuShareBuffers.allocate(tokens, picks, HIDDEN, torch.device("cpu"))
+    b.costs.copy_(torch.tensor(costs))
+    b.ticket.fill_(6)
+    return b
 
 
 @pytest.mark.parametrize("misses", range(5))

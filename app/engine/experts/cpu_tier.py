@@ -35,19 +35,7 @@ class CpuTier:
                  call_costs: tuple[float, float] | None = None):
         assert op.on_host is not None and store.all_in_host_memory
         self.store, self.threads = store, threads
-        pin = device.type == "cuda"
-
-        def host(*shape, dtype=torch.float32, fill=0):
-            return torch.full(shape, fill, dtype=dtype, pin_memory=pin)
-
-        self.buffers = CpuShareBuffers(
-            control=host(8, dtype=torch.long), slots=host(max_tokens * top_k, dtype=torch.long, fill=-1),
-            weights=host(max_tokens * top_k), x=host(max_tokens, hidden_size), out=host(max_tokens, hidden_size),
-            costs=torch.zeros(3, dtype=torch.float32, device=device),
-            ticket=torch.zeros(1, dtype=torch.long, device=device),
-            pending=torch.zeros(1, dtype=torch.long, device=device),
-            failed=torch.zeros(1, dtype=torch.long, device=device),
-        )
+        self.buffers = CpuShareBuffers.allocate(max_tokens, top_k, hidden_size, device)
         kernel, self._experts = op.on_host(store.host_arenas())
         b = self.buffers
         self._share = cpu.CpuShare(b.control.data_ptr(), b.slots.data_ptr(), b.weights.data_ptr(), b.x.data_ptr(),
@@ -77,7 +65,7 @@ class CpuTier:
         """Raise if a wait of the device gave up (`failed`, read with the settle) or the host's kernel failed."""
         status = int(self.buffers.control[STATUS])
         if failed or status:
-            reason = cpu.STATUS.get(status, "it stopped answering") if status else "it stopped answering"
+            reason = cpu.STATUS.get(status, f"status {status}") if status else "it stopped answering"
             raise CpuTierError(f"the CPU expert tier failed ({reason}); load the model again with --cpu-threads 0 "
                                "to run without it")
 

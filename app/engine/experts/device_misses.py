@@ -83,9 +83,8 @@ class DeviceMisses:
 
     def settle(self) -> None:
         cache, r, tier = self.cache, self.residency, self.cpu_tier
-        failed = [tier.buffers.failed] if tier is not None else []
-        counts, uses, owners, *failed = torch.cat([r.counts, r.uses.flatten().long(), r.owner, *failed]).cpu().split(
-            [r.counts.numel(), r.uses.numel(), r.owner.numel(), *(1 for _ in failed)])
+        read = [r.counts, r.uses.flatten().long(), r.owner, *([tier.buffers.failed] if tier is not None else [])]
+        counts, uses, owners, *failed = torch.cat(read).cpu().split([t.numel() for t in read])
         if tier is not None:
             tier.check(bool(failed[0]))
         r.counts.zero_()
