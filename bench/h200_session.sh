@@ -2,7 +2,9 @@
 # One device session of the offloaded-decode protocol (performance.md), on the GPU machine, from the repository
 # root there, with ../shared/peer copied into .peer (carried):
 #   bash bench/h200_session.sh start   # llama.cpp built, converted and benched in the background; the synthetic
-#                                      # gpt-oss-20b written; the CUDA tests
+#                                      # gpt-oss-20b written; the CUDA tests (TESTS: which); with RESIDENT=1 this
+#                                      # engine fully resident (before llama.cpp's benches, which wait for it)
+#   bash bench/h200_session.sh llama   # waits for llama.cpp's benches and copies their JSON
 #   bash bench/h200_session.sh bench   # waits for llama.cpp, then this engine on the same checkpoint (20b, the
 #                                      # three routings, misses served on the device and by the host)
 #   bash bench/h200_session.sh tier    # the CPU expert tier: its tests, bench/cpu_expert_rate.py and the decode
@@ -10,12 +12,16 @@
 #   bash bench/h200_session.sh glm     # GLM-4.5-Air-FP8 (uniform routing), misses served on the device
 # Results land in $OUT (the machine keeps nothing): decode-*.json, llama-*.json, logs. Settings (environment):
 # NCMOE, llama.cpp's -ncmoe list (0,12,18,24); FRACTIONS (1.0,0.5,0.25,0.1), ROUTING (model,trace,uniform) and
-# CPU_THREADS (0; the CPU expert tier's threads, e.g. 0,15) of this engine's runs.
+# CPU_THREADS (0; the CPU expert tier's threads, e.g. 0,15) of this engine's runs; FIRST_LOOK (1) the start phase's
+# look at 25 % uniform while llama.cpp builds.
 set -uo pipefail
 phase=${1:?start or bench}
 out=${OUT:-/tmp/out}
 ncmoe=${NCMOE:-0,12,18,24}; fractions=${FRACTIONS:-1.0,0.5,0.25,0.1}; routing=${ROUTING:-model,trace,uniform}
 cpu_threads=${CPU_THREADS:-0}
+tests=${TESTS:-tests/engine/test_device_misses_cuda.py tests/engine/test_cuda.py tests/engine/test_cpu_tier_cuda.py \
+  tests/engine/test_glm_cuda.py tests/engine/spec/test_spec_cuda.py tests/engine/test_segmented_decode.py \
+  tests/kernels/test_gpt_oss_experts_cuda.py tests/kernels/test_glu_experts_cuda.py tests/kernels/test_fp8_linear_cuda.py}
 
 build_cpu_kernels() {  # the CPU expert kernels, as `pip install -e .` builds them (setup.py), for this Python
   gcc -O3 -std=c11 -fopenmp -shared -fPIC -o "app/kernels/cpu/_experts$(python3-config --extension-suffix)" \
@@ -50,16 +56,25 @@ if [ "$phase" = start ]; then
     touch /tmp/llama.done
   ' > /tmp/peer-job.log 2>&1 < /dev/null &
   write_checkpoint && touch /tmp/g20.done
-  python3 -m pytest -q -p no:cacheprovider tests/engine/test_device_misses_cuda.py tests/engine/test_cuda.py \
-    tests/engine/test_cpu_tier_cuda.py \
-    tests/engine/test_glm_cuda.py tests/engine/spec/test_spec_cuda.py tests/engine/test_segmented_decode.py \
-    tests/kernels/test_gpt_oss_experts_cuda.py tests/kernels/test_glu_experts_cuda.py \
-    tests/kernels/test_fp8_linear_cuda.py 2>&1 | tee "$out/cuda-tests.log" | tail -25
-  # a first look at the offloaded step while llama.cpp still builds (the build loads the CPU: not a result)
-  python3 bench/decode_gpt_oss.py "$out/first-look.json" --folder /tmp/g20 --fractions 0.25 --routing uniform \
-    --cpu-threads "$cpu_threads" --new 64 --repeats 2 2>&1 | tee "$out/first-look.log" | grep -v '^{'
+  # shellcheck disable=SC2086
+  python3 -m pytest -q -p no:cacheprovider $tests 2>&1 | tee "$out/cuda-tests.log" | tail -25
+  if [ "${FIRST_LOOK:-1}" = 1 ]; then  # the offloaded step while llama.cpp still builds (the build loads the CPU)
+    python3 bench/decode_gpt_oss.py "$out/first-look.json" --folder /tmp/g20 --fractions 0.25 --routing uniform \
+      --cpu-threads "$cpu_threads" --new 64 --repeats 2 2>&1 | tee "$out/first-look.log" | grep -v '^{'
+  fi
+  if [ "${RESIDENT:-0}" = 1 ]; then  # every expert on the GPU: decode after the 512-token prompt and its TTFT
+    python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-20b-resident.json" --folder /tmp/g20 --fractions 1.0 \
+      --routing model,trace --misses device --new 128 --repeats 2 2>&1 | tee "$out/resident.log" | grep -v '^{'
+  fi
   touch /tmp/tests.done
   tail -3 /tmp/llama-build.log
+  exit 0
+fi
+
+if [ "$phase" = llama ]; then
+  while [ ! -f /tmp/llama.done ]; do sleep 5; done
+  cp /tmp/llama-tg.json /tmp/llama-pp.json "$out/"
+  tail -3 /tmp/llama-build.log > "$out/llama-build-tail.log"
   exit 0
 fi
 

@@ -1,11 +1,13 @@
 import random
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 
 from app.engine.experts.cache import ExpertCache
 from app.engine.experts.cache_policy import DecayedUseEviction
+from app.engine.experts.device_misses import follow_owners
 from app.engine.experts.store import ExpertStore
 from tests.engine.test_experts import numbered_expert
 
@@ -90,3 +92,18 @@ def test_lowest_lists_the_lowest_scored_keys_first_and_forget_leaves_the_rest():
     assert policy.lowest(["a", "b", "c", "d"], 9) == ["b", "c", "a", "d"]
     policy.forget("b")
     assert policy.victim() == "c"  # b is no longer resident
+
+
+def test_an_expert_that_moved_between_slots_since_the_last_settle_stays_resident():
+    # passes without a settle between them (a graph's warm-ups) evicted A from slot 0 for C, and B from slot 1 for A
+    columns = 9
+    a, b, c = (0, 1), (0, 2), (1, 3)
+    flat = {key: key[0] * columns + key[1] for key in (a, b, c)}
+    eviction = DecayedUseEviction(half_life=1.0)
+    slot_of = {a: 0, b: 1}
+    for key in (a, b, c, a):  # the settle counts the passes' uses first
+        eviction.used(key)
+    follow_owners(slot_of, eviction, np.array([flat[a], flat[b]]), np.array([flat[c], flat[a]]), columns)
+    assert slot_of == {c: 0, a: 1}
+    # the policy knows both residents: with C kept, A is the victim (not C, the fallback when none is left)
+    assert eviction.victim(keep={c}) == a

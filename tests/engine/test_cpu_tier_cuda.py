@@ -1,12 +1,13 @@
-"""The CPU expert tier on a GPU (experts/cpu_tier.py, kernels/cpu_share.py): its decode steps, eager (graph replays
-with it gave other tokens: bench/NOTES.md), give the tokens of the steps without it, and the CPU computes part of
-the misses. Skipped without a CUDA device; on the GPU
+"""The CPU expert tier on a GPU (experts/cpu_tier.py, kernels/cpu_share.py): the hand-over through page-locked
+memory inside the decode step's CUDA graph gives the tokens of the step without it, and the CPU computes part of the
+misses. Skipped without a CUDA device; on the GPU
 machine: `python -m pytest tests/engine/test_cpu_tier_cuda.py`."""
 
 import pytest
 import torch
 
-from app.engine.runner.step_runner import EagerPass, StepRunner
+from app.engine.runner.cuda_graph import DecodeGraph
+from app.engine.runner.step_runner import StepRunner
 from app.kernels.cpu import library
 from app.kernels.cpu_share import DONE
 from tests.engine.greedy import greedy_with_stats
@@ -23,7 +24,7 @@ def test_graph_steps_with_the_cpu_tier_give_the_tokens_of_steps_without_it(tiny_
     assert tier is not None and tier.threads == threads and tier.pair_s > 0 and tier.fetch_s > 0
     tier.buffers.costs.copy_(torch.tensor([1.0, 0.0, 1.0]))  # about half of each call's misses on the CPU
     with torch.inference_mode():
-        assert isinstance(StepRunner(with_tier.model, 64).program(1), EagerPass)
+        assert isinstance(StepRunner(with_tier.model, 64).program(1), DecodeGraph)
     tokens, stats = greedy_with_stats(with_tier, PROMPT, NEW)
     expected, _ = greedy_with_stats(offloaded(tiny_gpt_oss, 5), PROMPT, NEW)
     assert tokens == expected

@@ -86,12 +86,6 @@ class ExpertCache:
     def host_free_passes(self) -> bool:
         return self.complete or self.device_misses is not None
 
-    @property
-    def captures_passes(self) -> bool:
-        """A pass may be one CUDA graph: host-free, and no CPU tier (in graph replays, where the device waits for the
-        host's answer, its tokens differed from those without it: bench/NOTES.md, so its passes stay eager)."""
-        return self.host_free_passes and (self.device_misses is None or self.device_misses.cpu_tier is None)
-
     def settle(self) -> None:
         if self.device_misses is None:
             return

@@ -101,14 +101,7 @@ class DeviceMisses:
             for _ in range(int(uses[key[0] * self.num_experts + key[1]])):
                 eviction.used(key)
         owners = owners.numpy()
-        for slot in np.nonzero(owners != self._owners)[0].tolist():
-            if self._owners[slot] >= 0:
-                old = divmod(int(self._owners[slot]), self.num_experts + 1)
-                if cache.slot_of.get(old) == slot:
-                    del cache.slot_of[old]
-                    eviction.forget(old)
-            if owners[slot] >= 0:
-                cache.slot_of[divmod(int(owners[slot]), self.num_experts + 1)] = slot
+        follow_owners(cache.slot_of, eviction, self._owners, owners, self.num_experts + 1)
         self._owners = owners
         for key in used:  # a miss the queue had no slot for: used, but not resident
             if key not in cache.slot_of:
@@ -120,3 +113,25 @@ class DeviceMisses:
         self._queue[0], self._queue[1] = 0, len(queue)
         self._queue[2 : 2 + len(queue)] = torch.tensor(queue, dtype=torch.long)
         r.victims.copy_(self._queue, non_blocking=True)
+
+
+def follow_owners(slot_of: dict[tuple[int, int], int], eviction: DecayedUseEviction, before: np.ndarray,
+                  after: np.ndarray, columns: int) -> None:
+    """The host's view `slot_of` (layer, expert) -> slot, and the policy's residents, follow the device's slot
+    owners from `before` [S] to `after` [S] (flat layer * columns + expert, -1 free). Between two settles an expert
+    can leave one slot and enter another (passes without a settle between them: a graph's warm-ups); it stays
+    resident, so the policy forgets only the experts left in no slot."""
+    changed = np.nonzero(after != before)[0].tolist()
+    left = []
+    for slot in changed:
+        if before[slot] >= 0:
+            key = divmod(int(before[slot]), columns)
+            if slot_of.get(key) == slot:
+                del slot_of[key]
+                left.append(key)
+    for slot in changed:
+        if after[slot] >= 0:
+            slot_of[divmod(int(after[slot]), columns)] = slot
+    for key in left:
+        if key not in slot_of:
+            eviction.forget(key)

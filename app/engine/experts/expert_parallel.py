@@ -38,7 +38,6 @@ class ExpertParallelCache:
 
     complete = False
     host_free_passes = False
-    captures_passes = False
 
     def __init__(self, store: ExpertStore, slots: Sequence[int], devices: Sequence[torch.device],
                  prefetch_layers: int = 0):

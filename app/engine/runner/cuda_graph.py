@@ -9,8 +9,8 @@ from app.engine.layers.kv_cache import KVCache
 
 
 def graph_ready(model) -> bool:
-    """A GPU, and experts that need no host work (all resident, or misses served on the device, no CPU tier)."""
-    return model.device.type == "cuda" and model.experts.captures_passes
+    """A GPU, and experts that need no host work (all resident, or misses served on the device)."""
+    return model.device.type == "cuda" and model.experts.host_free_passes
 
 
 class PassGraph:
