@@ -124,12 +124,12 @@ def tiny_glm_fp8(tmp_path_factory):
     return write_tiny_glm(tmp_path_factory.mktemp("glm-fp8"), "glm4_moe_fp8", mtp=False)
 
 
-def with_cpu_tier(folder, slots: int, call_costs=(0.0, 1.0)):
+def with_cpu_tier(folder, slots: int, call_costs=(0.0, 1.0), threads: int = 2):
     """The offloaded model with a CPU tier whose costs (fetching an expert costs as much as computing a pair)
-    give the CPU about half of each call's misses."""
+    give the CPU about half of each call's misses; its `threads` split each call's rows (team.c)."""
     loaded_model = loaded(folder, slots)
     model, store = loaded_model.model, loaded_model.model.experts.store
-    tier = CpuTier(store, model.run_experts, loaded_model.facts.hidden_size, loaded_model.facts.top_k, 16, 1,
+    tier = CpuTier(store, model.run_experts, loaded_model.facts.hidden_size, loaded_model.facts.top_k, 16, threads,
                    torch.device("cpu"), fetch_s=1.0, call_costs=call_costs)
     model.experts.device_misses.cpu_tier = tier
     return loaded_model, tier
@@ -154,7 +154,7 @@ def test_decoding_with_the_cpu_tier_gives_the_tokens_of_decoding_without_it(tiny
 
 @pytest.mark.usefixtures("built_library")
 def test_a_verify_block_with_the_cpu_tier_gives_the_logits_of_every_expert_resident(tiny_gpt_oss):
-    (with_tier, tier), resident = with_cpu_tier(tiny_gpt_oss, 3), loaded(tiny_gpt_oss, None)
+    (with_tier, tier), resident = with_cpu_tier(tiny_gpt_oss, 3, threads=3), loaded(tiny_gpt_oss, None)
     logits = []
     with torch.inference_mode():
         for model in (with_tier.model, resident.model):

@@ -7,6 +7,7 @@
 #endif
 
 #include "experts.h"
+#include "team.h"
 
 struct pick {
     int64_t slot, position;
@@ -113,19 +114,41 @@ static int64_t chunk_end(int64_t chunk, int64_t total) {
     return end < total ? end : total;
 }
 
+struct layer_call {
+    const struct routing *r;
+    const struct pairs *p;
+    const void *experts;
+    const struct layer *layer;
+    float *activations;
+};
+
+static void gate_up_chunk(void *context, int64_t chunk) {
+    const struct layer_call *c = context;
+    c->layer->gate_up(c->r, c->p, c->experts, c->activations, chunk * CHUNK, chunk_end(chunk, c->layer->width));
+}
+
+static void down_chunk(void *context, int64_t chunk) {
+    const struct layer_call *c = context;
+    down_projection(c->r, c->p, c->activations, c->experts, c->layer, chunk * CHUNK, chunk_end(chunk, c->r->hidden));
+}
+
 int run_layer(const struct routing *r, const void *experts, const struct layer *layer) {
     struct pairs p;
     float *activations;
     if (group_pairs(r, &p, r->tokens * r->picks * layer->width, &activations) != STATUS_OK) return STATUS_NO_MEMORY;
+    struct layer_call call = {r, &p, experts, layer, activations};
     const int64_t gate_chunks = (layer->width + CHUNK - 1) / CHUNK, down_chunks = (r->hidden + CHUNK - 1) / CHUNK;
+    if (r->team) {
+        team_run(r->team, gate_up_chunk, &call, gate_chunks);
+        team_run(r->team, down_chunk, &call, down_chunks);
+        return STATUS_OK;
+    }
 #pragma omp parallel num_threads(r->threads) if (r->threads > 1)
     {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t c = 0; c < gate_chunks; c++)
-            layer->gate_up(r, &p, experts, activations, c * CHUNK, chunk_end(c, layer->width));
+        for (int64_t c = 0; c < gate_chunks; c++) gate_up_chunk(&call, c);
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t c = 0; c < down_chunks; c++)
-            down_projection(r, &p, activations, experts, layer, c * CHUNK, chunk_end(c, r->hidden));
+        for (int64_t c = 0; c < down_chunks; c++) down_chunk(&call, c);
     }
     return STATUS_OK;
 }

@@ -18,7 +18,8 @@ struct arena {
     int32_t dtype;
 };
 
-/* x [T, H] float32, slots [T, k] int64 (-1: skip), weights [T, k] float32 -> out [T, H] float32 (overwritten). */
+/* x [T, H] float32, slots [T, k] int64 (-1: skip), weights [T, k] float32 -> out [T, H] float32 (overwritten).
+ * The rows are split over `team` where there is one (the CPU tier's, team.h), else over `threads` OpenMP threads. */
 struct routing {
     int64_t tokens, picks, hidden;
     const float *x;
@@ -26,6 +27,7 @@ struct routing {
     const float *weights;
     float *out;
     int32_t threads;
+    struct team *team;
 };
 
 /* The routed pairs sorted by slot: group g holds pairs [first[g], first[g + 1]) of slot slot[g]. */

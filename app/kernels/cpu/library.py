@@ -28,7 +28,7 @@ class Arena(ctypes.Structure):
 class Routing(ctypes.Structure):
     _fields_ = [("tokens", ctypes.c_int64), ("picks", ctypes.c_int64), ("hidden", ctypes.c_int64),
                 ("x", ctypes.c_void_p), ("slots", ctypes.c_void_p), ("weights", ctypes.c_void_p),
-                ("out", ctypes.c_void_p), ("threads", ctypes.c_int32)]
+                ("out", ctypes.c_void_p), ("threads", ctypes.c_int32), ("team", ctypes.c_void_p)]
 
 
 class GptOssExperts(ctypes.Structure):
