@@ -127,6 +127,7 @@ class EngineServer:
         self.session = Session.load(
             request.path, spec, device=request.device, dtype=request.dtype, gpu_budget=request.gpu_budget,
             ram_budget=request.ram_budget, context=request.context, on_progress=progress,
+            cpu_threads=request.cpu_threads,
         )
         loaded = self.session.loaded
         self.batch = Batch(self.session, request.max_batch)

@@ -127,3 +127,8 @@ def test_step_stats_carry_the_share_of_each_layers_experts_in_the_cache(tiny_gpt
     expected = [sum(1 for layer, _ in resident if layer == moe_layer) / cache.store.num_experts
                 for moe_layer in cache.store.layers]
     assert stats[-1].residency == expected and sum(expected) * cache.store.num_experts == 3
+
+
+def test_a_load_passes_its_cpu_threads_to_the_loader(tiny_gpt_oss, threads_loaded):
+    events = serve([LoadModel(str(tiny_gpt_oss), context=64, cpu_threads=1), LoadModel(str(tiny_gpt_oss), context=64)])
+    assert threads_loaded == [1, 0] and sum(isinstance(e, Loaded) for e in events) == 2
