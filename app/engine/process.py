@@ -194,7 +194,7 @@ class StatsClock:
 
 def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: list[float]) -> StepStats:
     return StepStats(request_id, tokens, seconds, delta.hits, delta.misses, delta.bytes_fetched,
-                     delta.prefetch_coverage, delta.prefetch_waste, resident)
+                     delta.prefetch_coverage, delta.prefetch_waste, resident, delta.cpu_computed)
 
 
 def residency(cache) -> list[float]:

@@ -110,6 +110,20 @@ def test_live_stats_keep_a_series_only_for_figures_that_exist():
     assert not stats.has("accepted")
 
 
+def test_the_cpu_tiers_experts_per_token_are_charted_from_the_first_it_computed(qtbot):
+    clock = Clock()
+    charts = LiveCharts(clock)
+    qtbot.addWidget(charts)
+    for computed in (0, 6, 0):
+        charts.add_step_stats(StepStats(1, tokens=4, seconds=0.1, hits=3, misses=9, bytes_fetched=0,
+                                        prefetch_coverage=0.0, prefetch_waste=0.0, cpu_computed=computed))
+        charts.refresh()
+        clock.now += 0.1
+    assert charts.stats.points("cpu_experts_per_token")[1] == [1.5, 0.0]
+    assert list(charts.curves["cpu_experts_per_token"].getData()[1]) == [1.5, 0.0]
+    assert list(charts.plots).index("Experts the CPU computed per token") == 3
+
+
 def test_ram_is_read_from_the_kernel():
     assert total_ram() == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=0.01)
 
