@@ -137,6 +137,7 @@ def test_a_gpu_is_found_through_nvidia_smi():
     assert (machine.gpu_name, machine.gpu_bytes, machine.pcie_gen) == ("NVIDIA H200", 143771 << 20, 5)
     assert machine.device == "cuda" and machine.dtype == "bfloat16" and machine.device_bytes == 143771 << 20
     assert machine.hardware.link_bps == 55e9 and machine.hardware.memory_bps == 4.8e12
+    assert machine.cores == len(os.sched_getaffinity(0))  # the cores the app may run on
 
 
 def test_without_nvidia_smi_the_cpu_is_the_device():
