@@ -79,8 +79,9 @@ def expected_share(top_k: int, miss_rate: float, costs: tuple[float, float, floa
 
 
 def cpu_tier_idle(facts: ModelFacts, placement: Placement, hardware: Hardware, gpus: int = 1) -> str | None:
-    """Why the CPU tier computes no experts under this plan (the engine starts it only where a GPU serves the misses
-    of a cache over every expert in RAM: app/engine/loader.py), or None where it shares them."""
+    """Why the CPU tier computes no experts under this plan, whose experts `gpus` GPUs hold (`plan_budgets` gives
+    no per-GPU placements for one): the engine starts it only where one GPU serves the misses of a cache over every
+    expert in RAM (app/engine/loader.py). None where it shares the misses."""
     if hardware.cpu_experts is None:
         return "no GPU: the CPU computes every expert already"
     if gpus > 1:
