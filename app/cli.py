@@ -10,6 +10,10 @@ from app import cli_arguments as arguments
 from app.engine.spec.options import METHODS as SPEC_METHODS
 from app.errors import UserError
 
+CPU_THREADS_HELP = ("host cores that compute part of the experts a GPU misses while it fetches the rest (the CPU "
+                    "expert tier: with --device cuda, every expert in RAM, one GPU; elsewhere it has no effect); "
+                    "default 0: none")
+
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
@@ -57,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="bytes the engine may use on the device, e.g. 8G; one per GPU to spread the experts "
                                "over several, e.g. 20G,20G")
     generate.add_argument("--ram-budget", type=arguments.size, help="bytes of host RAM for the expert store, e.g. 32G")
+    generate.add_argument("--cpu-threads", type=arguments.cpu_threads, default=0, help=CPU_THREADS_HELP)
     generate.add_argument("--spec", choices=SPEC_METHODS, default="off",
                           help="speculative decoding: a DFlash drafter (--drafter), or GLM's own MTP layer")
     generate.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash); demo: the demo model's")
@@ -93,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     serve.add_argument("--gpu-budget", type=arguments.size, help="bytes the engine may use on the device, e.g. 8G")
     serve.add_argument("--ram-budget", type=arguments.size, help="bytes of host RAM for the expert store, e.g. 32G")
+    serve.add_argument("--cpu-threads", type=arguments.cpu_threads, default=0, help=CPU_THREADS_HELP)
     serve.add_argument("--spec", choices=SPEC_METHODS, default="off",
                        help="speculative decoding (then one request at a time): DFlash (--drafter) or GLM's MTP")
     serve.add_argument("--drafter", help="DFlash drafter folder (with --spec dflash)")
@@ -109,6 +115,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("model", help="model folder (config.json + *.safetensors), or demo: the bundled demo model")
     plan.add_argument("--gpu-budget", type=arguments.sizes, required=True, help="e.g. 8G, or one per GPU: 20G,20G")
     plan.add_argument("--ram-budget", type=arguments.size, required=True)
+    plan.add_argument("--cpu-threads", type=arguments.cpu_threads, default=0,
+                      help="predict with this many host cores computing part of the GPU's misses (the CPU expert "
+                           "tier), beside the prediction without them; default 0: none")
     plan.add_argument("--context", type=arguments.positive_int, default=4096)
     plan.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: float32 on cpu, bfloat16 on cuda")
     plan.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
@@ -144,6 +153,7 @@ def _run_generate(args) -> int:
     session, ids = Session.open(
         resolve_model(args.model), prompt, args.max_new_tokens, spec=SpecOptions(args.spec, drafter, args.block_size),
         device=args.device, dtype=dtype, gpu_budget=args.gpu_budget, ram_budget=args.ram_budget,
+        cpu_threads=args.cpu_threads,
     )
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     events = session.generate(ids, sampling, args.max_new_tokens)
@@ -180,7 +190,7 @@ def _run_serve(args) -> int:
     spec = SpecOptions(args.spec, drafter, args.block_size)
     dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     request = LoadModel(str(folder.path), args.device, dtype, args.gpu_budget, args.ram_budget, args.context,
-                        spec.method, spec.drafter, spec.block_size, args.max_batch)
+                        spec.method, spec.drafter, spec.block_size, args.max_batch, args.cpu_threads)
     serve(request, options)
     return 0
 
@@ -204,6 +214,7 @@ def _run_plan(args) -> int:
     from app.model_folder import ModelFolder
     from app.paths import resolve_model
     from app.plan import ModelFacts, dtype_bytes
+    from app.plan_cpu_tier import cpu_tier_idle
     from app.plan_gpus import plan_budgets, predict_gpus
     from app.sizes import format_size
 
@@ -211,11 +222,14 @@ def _run_plan(args) -> int:
     facts = ModelFacts.from_folder(ModelFolder.open(resolve_model(args.model)), fp8_kept=args.device == "cuda")
     placement, gpus = plan_budgets(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(dtype))
     hardware = _plan_hardware(args)
-    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware)
+    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware, args.cpu_threads)
+    without_tier = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware)
+    idle = cpu_tier_idle(facts, placement, hardware, len(gpus))
     if args.json:
         print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,
                           "total_experts": facts.total_experts, "prediction": prediction.as_dict(),
-                          "hardware": asdict(hardware),
+                          "cpu_threads": args.cpu_threads, "cpu_tier_idle": idle,
+                          "prediction_without_cpu_tier": without_tier.as_dict(), "hardware": asdict(hardware),
                           "gpus": [{"expert_slots": g.expert_slots, "device_bytes": g.device_bytes} for g in gpus]}))
         return 0
     per_gpu = [(f"GPU {index}: {gpu.expert_slots} expert slots", format_size(gpu.device_bytes))
@@ -231,12 +245,21 @@ def _run_plan(args) -> int:
         (f"expert-cache hit rate ({prediction.routing})", f"{prediction.hit_rate:.0%}"),
         ("fetched per token", format_size(prediction.fetched_bytes_per_token)),
         (f"decode ({'CPU' if args.device == 'cpu' else 'GPU'}, {hardware.memory_bps / 1e9:.0f} GB/s memory)",
-         f"{prediction.tok_s_low:.1f}–{prediction.tok_s_high:.1f} tok/s"),
-        ("limited by", prediction.bound),
+         _speeds(prediction)),
     ]
-    for label, value in rows:
+    if args.cpu_threads:
+        rows += [(f"CPU expert tier ({args.cpu_threads} thread{'s' if args.cpu_threads > 1 else ''})",
+                  f"{prediction.cpu_experts_per_token:.1f} experts/token"),
+                 ("decode without the CPU tier", _speeds(without_tier))]
+    for label, value in [*rows, ("limited by", prediction.bound)]:
         print(f"{label:<40} {value:>12}")
+    if args.cpu_threads and idle:
+        print(f"the CPU expert tier computes no experts here: {idle}")
     return 0
+
+
+def _speeds(prediction) -> str:
+    return f"{prediction.tok_s_low:.1f}–{prediction.tok_s_high:.1f} tok/s"
 
 
 def _run_download(args) -> int:

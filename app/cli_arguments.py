@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.errors import UserError
+from app.plan_cpu_tier import host_cores
 from app.request_limits import check_seed, check_temperature, check_text, check_top_k, check_top_p
 from app.sizes import parse_size
 
@@ -71,16 +72,22 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
-def bounded_int(low: int, high: int) -> Callable[[str], int]:
+def bounded_int(low: int, high: int, high_is: str = "") -> Callable[[str], int]:
+    """`high_is`: what the highest value is, said after it."""
     def argument(text: str) -> int:
         if not text.strip().isdigit() or not low <= int(text) <= high:
-            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number from {low} to {high}")
+            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number from {low} to {high}{high_is}")
         return int(text)
 
     return argument
 
 
 port = bounded_int(1, 65535)
+
+
+def cpu_threads(text: str) -> int:
+    """Cores computing experts beside the GPU: 0 (none) up to the cores moechat may run on."""
+    return bounded_int(0, host_cores(), " (the cores of this machine)")(text)
 
 
 def positive_seconds(text: str) -> float:

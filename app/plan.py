@@ -6,10 +6,11 @@ allocated.
 
 import json
 from dataclasses import dataclass
-from itertools import pairwise
 
+from app.curves import interpolated
 from app.errors import UserError
 from app.model_folder import DTYPE_BYTES, ModelFolder, TensorInfo
+from app.plan_cpu_tier import HOST_CPU_EXPERTS, CpuExpertRates, cpu_tier_idle, expected_share
 from app.quantization import is_fp8_scale
 from app.sizes import format_size
 
@@ -273,30 +274,34 @@ KNOWN_ROUTING = {"gpt_oss": ("gpt-oss-20b's real routing",
 
 @dataclass(frozen=True)
 class Hardware:
-    """The rates a decode step divides by; the defaults are an RTX 4090 on PCIe Gen4 x16."""
+    """The rates a decode step divides by; the defaults are an RTX 4090 on PCIe Gen4 x16. `cpu_experts`: the host's
+    cores as a second expert tier beside the GPU (None: the CPU is the compute device, there is no second tier)."""
 
     link_bps: float = PCIE_BPS[4]  # host -> device copies of missed experts
     memory_bps: float = CARD_MEMORY_BPS["RTX 4090"]  # device memory bandwidth
     flops: float = 165e12  # dense bf16 tensor throughput
     disk_bps: float = 3e9  # experts past the RAM budget, read from the checkpoint (NVMe)
     overheads: LayerOverheads = LayerOverheads()
+    cpu_experts: CpuExpertRates | None = HOST_CPU_EXPERTS
 
 
 @dataclass(frozen=True)
 class Prediction:
     """One decode token's cost: device time (weights read, or compute), expert copies and the engine's
     per-layer work around them. Copies can overlap the device work, so no overlap gives the low speed and
-    full overlap the high one."""
+    full overlap the high one. With the CPU expert tier, `copy_s` is the misses' time: per layer, the slower of the
+    device's fetches and the CPU's share."""
 
     hit_rate: float
     measured_routing: bool  # the hit rate comes from measured routing, not the uniform bound
     routing: str  # whose routing the hit rate comes from
-    fetched_bytes_per_token: float  # missed experts copied to the device
+    fetched_bytes_per_token: float  # missed experts copied to the device (not those the CPU computes)
     disk_bytes_per_token: float  # of those, read from disk first
     memory_s: float
     compute_s: float
     copy_s: float
     overhead_s: float  # launches and host work, per token
+    cpu_experts_per_token: float = 0.0  # missed experts the CPU tier computes instead of fetching them
 
     @property
     def device_s(self) -> float:
@@ -316,6 +321,8 @@ class Prediction:
         if self.overhead_s > max(self.copy_s, self.device_s):
             return "per-layer overhead"
         if self.copy_s > self.device_s:
+            if self.cpu_experts_per_token:
+                return "PCIe and the CPU"
             return "disk" if self.disk_bytes_per_token * 2 > self.fetched_bytes_per_token else "PCIe"
         return "memory bandwidth" if self.memory_s >= self.compute_s else "compute"
 
@@ -336,11 +343,7 @@ def expert_hit_rate(slots: int, total_experts: int, uses_per_token: int) -> floa
 def measured_hit_rate(points: tuple[tuple[float, float], ...], share: float) -> float:
     """The hit rate at `share` of the experts cached, interpolated linearly between measured points
     (and nothing cached: 0, everything: 1)."""
-    curve = [(0.0, 0.0), *points, (1.0, 1.0)]
-    for (x0, y0), (x1, y1) in pairwise(curve):
-        if share <= x1:
-            return y0 + (y1 - y0) * (share - x0) / (x1 - x0) if x1 > x0 else y1
-    return 1.0
+    return interpolated([(0.0, 0.0), *points, (1.0, 1.0)], share)
 
 
 def routing_curve(facts: ModelFacts) -> tuple[str, tuple[tuple[float, float], ...]]:
@@ -351,10 +354,11 @@ def routing_curve(facts: ModelFacts) -> tuple[str, tuple[tuple[float, float], ..
 
 
 def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, hardware: Hardware,
-                   worst_case: bool = False) -> Prediction:
+                   worst_case: bool = False, cpu_threads: int = 0) -> Prediction:
     """Batch-1 decode speed of the target: a roofline of device memory, compute and expert copies. The hit
     rate is from the model's measured routing where it is known (`routing_curve`), else (and with
-    `worst_case`) the uniform-routing bound."""
+    `worst_case`) the uniform-routing bound. `cpu_threads` cores compute part of each layer's misses where the
+    CPU tier runs (`cpu_tier_idle`), as many as make the layer's misses take least; elsewhere they change nothing."""
     uses_per_token = facts.expert_bytes_per_token // facts.expert_bytes
     routing, points = routing_curve(facts)
     if points and not worst_case:
@@ -376,6 +380,17 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     else:  # misses served on the device
         overhead_s = facts.num_layers * overheads.graph_s + len(facts.moe_layers) * overheads.device_misses_s
         link_bps *= FETCH_SHARE_OF_LINK
+    copy_s = fetched / link_bps + from_disk / hardware.disk_bps
+    cpu_experts = 0.0
+    if cpu_threads and cpu_tier_idle(facts, placement, hardware) is None:
+        # only the misses' time changes: the step is priced as one graph, as without the tier, so this is the speed
+        # once the engine captures tier steps too (they run eagerly until a fault in their replays is found)
+        rates, layers = hardware.cpu_experts, uses_per_token // facts.top_k
+        costs = (facts.expert_bytes / link_bps, rates.call_s, rates.pair_s(cpu_threads, facts.expert_bytes))
+        saved_s, computed = expected_share(facts.top_k, 1 - hit_rate, costs)
+        copy_s -= layers * saved_s
+        cpu_experts = layers * computed
+        fetched -= cpu_experts * facts.expert_bytes
     return Prediction(
         hit_rate=hit_rate,
         measured_routing=not routing.startswith("uniform"),
@@ -384,6 +399,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
         disk_bytes_per_token=from_disk,
         memory_s=weights_read / hardware.memory_bps,
         compute_s=2 * multiply_adds / hardware.flops,
-        copy_s=fetched / link_bps + from_disk / hardware.disk_bps,
+        copy_s=copy_s,
         overhead_s=overhead_s,
+        cpu_experts_per_token=cpu_experts,
     )

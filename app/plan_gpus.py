@@ -78,7 +78,8 @@ def plan_budgets(facts: ModelFacts, gpu_budget: int | tuple[int, ...] | None, ra
 
 
 def predict_gpus(facts: ModelFacts, placement: Placement, gpus: tuple[Placement, ...], dtype_bytes: int,
-                 hardware: Hardware) -> Prediction:
-    """`predict_decode` of a `plan_budgets` result: the misses are copied over one link per GPU."""
+                 hardware: Hardware, cpu_threads: int = 0) -> Prediction:
+    """`predict_decode` of a `plan_budgets` result: the misses are copied over one link per GPU (and the CPU tier,
+    which serves one GPU, computes none of them)."""
     links = replace(hardware, link_bps=hardware.link_bps * max(len(gpus), 1))
-    return predict_decode(facts, placement, dtype_bytes, links)
+    return predict_decode(facts, placement, dtype_bytes, links, cpu_threads=0 if gpus else cpu_threads)

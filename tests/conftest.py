@@ -31,6 +31,21 @@ def tiny_dflash(tiny_gpt_oss, tmp_path_factory):
     return write_tiny_dflash(tmp_path_factory.mktemp("tiny-dflash"), target_config)
 
 
+@pytest.fixture
+def threads_loaded(monkeypatch) -> list[int]:
+    """The `cpu_threads` of every model the session module loads from now on (it loads them all), in order."""
+    from app.engine import session
+
+    loaded, load_model = [], session.load_model
+
+    def recording_load(*args, **options):
+        loaded.append(options.get("cpu_threads", 0))
+        return load_model(*args, **options)
+
+    monkeypatch.setattr(session, "load_model", recording_load)
+    return loaded
+
+
 @pytest.fixture(scope="session")
 def served_tiny_gpt_oss(tiny_gpt_oss):
     """`moechat serve` on the tiny GPT-OSS (float32 CPU, experts offloaded to 6 slots, 4 requests decoding

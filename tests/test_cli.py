@@ -1,6 +1,7 @@
 """`moechat generate` and `moechat plan` as a user runs them, bad input included."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -173,3 +174,62 @@ def test_moechat_help_says_that_moechat_alone_opens_the_app(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "`moechat` with no command opens the desktop app" in " ".join(capsys.readouterr().out.split())
+
+
+def test_plan_shows_the_cpu_tiers_experts_and_the_speed_with_and_without_it(tmp_path, capsys, monkeypatch):
+    """On a 16-core host, a GPU on PCIe Gen3 missing most of gpt-oss-20b's experts: the planner is the oracle."""
+    from app import cli_arguments
+    from app.model_folder import ModelFolder
+    from app.plan import PCIE_BPS, Hardware, ModelFacts
+    from app.plan_gpus import plan_budgets, predict_gpus
+    from tests.fixtures.shape_only import write_shape_only_model
+
+    monkeypatch.setattr(cli_arguments, "host_cores", lambda: 16)
+    folder = write_shape_only_model(tmp_path / "20b")
+    flags = ["plan", folder, "--gpu-budget", "6G", "--ram-budget", "32G", "--device", "cuda", "--pcie-gen", "3"]
+    code, out, err = run_cli(capsys, *flags, "--cpu-threads", "14", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    facts = ModelFacts.from_folder(ModelFolder.open(folder), fp8_kept=True)
+    placement, gpus = plan_budgets(facts, 6 << 30, 32 << 30, 4096, 2)
+    hardware = Hardware(link_bps=PCIE_BPS[3])
+    assert plan["cpu_threads"] == 14 and plan["cpu_tier_idle"] is None
+    assert plan["prediction"] == predict_gpus(facts, placement, gpus, 2, hardware, cpu_threads=14).as_dict()
+    assert plan["prediction_without_cpu_tier"] == predict_gpus(facts, placement, gpus, 2, hardware).as_dict()
+    with_tier, without = plan["prediction"], plan["prediction_without_cpu_tier"]
+    assert with_tier["cpu_experts_per_token"] > 0 == without["cpu_experts_per_token"]
+    assert with_tier["tok_s_low"] > without["tok_s_low"]
+    code, out, _ = run_cli(capsys, *flags, "--cpu-threads", "14")
+    lines = dict(re.split(r" {2,}", line, maxsplit=1) for line in out.splitlines() if "  " in line)
+    with_tier, without = (predict_gpus(facts, placement, gpus, 2, hardware, cpu_threads=t) for t in (14, 0))
+    assert lines["CPU expert tier (14 threads)"] == f"{with_tier.cpu_experts_per_token:.1f} experts/token"
+    assert lines["decode without the CPU tier"] == f"{without.tok_s_low:.1f}–{without.tok_s_high:.1f} tok/s"
+    code, out, _ = run_cli(capsys, *flags)
+    assert "CPU expert tier" not in out  # asked for none: the plan as before
+
+
+def test_plan_on_the_cpu_says_why_the_tier_computes_nothing(tiny_gpt_oss, capsys):
+    code, out, err = run_cli(capsys, "plan", tiny_gpt_oss, "--gpu-budget", "1G", "--ram-budget", "1G",
+                             "--cpu-threads", "1")
+    assert code == 0, err
+    assert "CPU expert tier (1 thread)" in out and "0.0 experts/token" in out
+    assert "computes no experts here: no GPU: the CPU computes every expert already" in out
+
+
+def test_generate_and_serve_pass_the_cpu_threads_to_the_engine_which_on_the_cpu_changes_nothing(
+        tiny_gpt_oss, capsys, monkeypatch, threads_loaded):
+    from app.server import serve
+
+    results = []
+    for threads in ("0", "1"):
+        code, out, err = run_cli(capsys, "generate", tiny_gpt_oss, "--prompt-ids", "5,6,7,8,9,10", "--max-new-tokens",
+                                 "6", "--gpu-budget", "64.65M", "--cpu-threads", threads, "--json")
+        assert code == 0, err
+        results.append(json.loads(out))
+    assert threads_loaded == [0, 1]
+    assert results[0]["token_ids"] == results[1]["token_ids"]
+    assert results[1]["stats"]["expert_cache"]["misses"] > 0 == results[1]["stats"]["expert_cache"]["cpu_computed"]
+    served = []
+    monkeypatch.setattr(serve, "serve", lambda request, options: served.append(request))
+    assert run_cli(capsys, "serve", tiny_gpt_oss, "--cpu-threads", "1")[0] == 0
+    assert served[0].cpu_threads == 1

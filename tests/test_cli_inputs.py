@@ -81,6 +81,17 @@ def test_an_empty_key_file_is_refused(tiny_gpt_oss, capsys, tmp_path):
         "moechat: error: the API key is empty: give a key of at least one character"
 
 
+@pytest.mark.parametrize("command", ["generate", "serve", "plan"])
+@pytest.mark.parametrize("threads", ["-1", str(os.cpu_count() + 1), "two"])
+def test_cpu_threads_past_the_machines_cores_are_one_line(tiny_gpt_oss, capsys, command, threads):
+    from app.plan_cpu_tier import host_cores
+
+    more = {"generate": ["--prompt-ids", "1,2"], "serve": [], "plan": ["--gpu-budget", "1G", "--ram-budget", "1G"]}
+    line = one_line_error(capsys, command, tiny_gpt_oss, *more[command], "--cpu-threads", threads)
+    assert f"argument --cpu-threads: '{threads}' is not a whole number from 0 to {host_cores()} (the cores of this " \
+           "machine)" in line
+
+
 def test_plan_refuses_a_memory_bandwidth_of_zero(tiny_gpt_oss, capsys):
     line = one_line_error(capsys, "plan", tiny_gpt_oss, "--gpu-budget", "1G", "--ram-budget", "1G",
                           "--memory-bandwidth", "0")

@@ -127,6 +127,7 @@ class EngineServer:
         self.session = Session.load(
             request.path, spec, device=request.device, dtype=request.dtype, gpu_budget=request.gpu_budget,
             ram_budget=request.ram_budget, context=request.context, on_progress=progress,
+            cpu_threads=request.cpu_threads,
         )
         loaded = self.session.loaded
         self.batch = Batch(self.session, request.max_batch)
@@ -193,7 +194,7 @@ class StatsClock:
 
 def _step_stats(request_id: int, tokens: int, seconds: float, delta, resident: list[float]) -> StepStats:
     return StepStats(request_id, tokens, seconds, delta.hits, delta.misses, delta.bytes_fetched,
-                     delta.prefetch_coverage, delta.prefetch_waste, resident)
+                     delta.prefetch_coverage, delta.prefetch_waste, resident, delta.cpu_computed)
 
 
 def residency(cache) -> list[float]:

@@ -82,7 +82,8 @@ class Loaded:
 @dataclass(frozen=True, slots=True)
 class StepStats:
     """Decode figures over the last few steps (sent at most ~10 times a second); `residency[i]` is the
-    fraction of the i-th MoE layer's experts resident in the device cache when it was sent."""
+    fraction of the i-th MoE layer's experts resident in the device cache when it was sent; `cpu_computed`, of
+    the misses, those the CPU expert tier computed instead of fetching them."""
 
     request_id: int
     tokens: int
@@ -93,6 +94,7 @@ class StepStats:
     prefetch_coverage: float
     prefetch_waste: float
     residency: list[float] = field(default_factory=list)
+    cpu_computed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class LoadModel:
     """Load `path` with this plan; `spec` ("off", "dflash" with the `drafter` folder, "mtp" for GLM) and
-    `block_size` (None: the cost-aware policy) as in `moechat generate --spec`."""
+    `block_size` (None: the cost-aware policy) as in `moechat generate --spec`; `cpu_threads` as its
+    `--cpu-threads`."""
 
     path: str
     device: str = "cpu"
@@ -18,6 +19,7 @@ class LoadModel:
     drafter: str | None = None
     block_size: int | None = None
     max_batch: int = 8  # generations decoded together (without speculation)
+    cpu_threads: int = 0  # host cores computing part of the misses beside the GPU (the CPU expert tier; 0: none)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,11 @@
-"""The budget panel: GPU and RAM sliders bounded by this machine and the model, the placement they
-give and the predicted decode speed, recomputed while a slider moves (no engine involved). The planning
-itself is `BudgetPlan`'s; this is its widget."""
+"""The budget panel: GPU and RAM sliders bounded by this machine and the model, the CPU threads that compute
+experts beside a GPU, the placement they give and the predicted decode speed, recomputed while a slider moves
+(no engine involved). The planning itself is `BudgetPlan`'s; this is its widget."""
 
 from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPushButton, QSlider, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QPushButton, QSlider, QSpinBox, QVBoxLayout, QWidget
 
 from app.errors import UserError
 from app.protocol.requests import LoadModel
@@ -17,6 +17,9 @@ from app.ui.speculation import SpeculationPanel
 
 RAM_NAME = "RAM budget"
 CPU_RAM_NAME = "RAM expert store"  # without a GPU both budgets are RAM: this one is the experts' store
+CPU_THREADS_NAME = "CPU threads for experts"
+CPU_THREADS_TIP = ("Cores that compute part of the experts the GPU misses while it fetches the others (0: off). "
+                   "Experimental: the engine does not reach the predicted speed with them yet.")
 
 
 def _speed(tok_s: float) -> str:
@@ -42,6 +45,9 @@ class BudgetPanel(QWidget):
         self.gpu_slider = self._slider(self.plan.gpu)
         self.ram_slider = self._slider(self.plan.ram)
         self.gpu_label, self.ram_label = QLabel("GPU budget"), QLabel(RAM_NAME)
+        self.cpu_threads = QSpinBox()
+        self.cpu_threads.setSpecialValueText("off")
+        self.cpu_threads.valueChanged.connect(self._choose_cpu_threads)
         self.context = QComboBox()
         self.context.currentIndexChanged.connect(lambda _index: self._choose_context())
         self.bar = PlacementBar()
@@ -63,6 +69,8 @@ class BudgetPanel(QWidget):
         self.form = form = QFormLayout()
         form.addRow(self.gpu_label, self.gpu_slider)
         form.addRow(self.ram_label, self.ram_slider)
+        form.addRow(CPU_THREADS_NAME, self.cpu_threads)
+        form.setRowVisible(self.cpu_threads, False)  # until a machine with a GPU is known
         form.addRow("Context", self.context)
         layout = QVBoxLayout(self)
         for widget in (self.title, self.machine_label):
@@ -105,6 +113,7 @@ class BudgetPanel(QWidget):
             self.machine_label.setText(machine.describe())
             self.speculation.note.setText(machine.in_words(self.speculation.note.text()))
             self._add_gpu_sliders()
+            self.form.setRowVisible(self.cpu_threads, bool(machine.gpu_bytes))
         self.title.setText(f"<b>{self.plan.folder.path.name}</b> · {facts.model_type} · "
                            f"{facts.total_experts} routed experts of {format_size(facts.expert_bytes)}")
         self.plan.start(self.speculation.options()["spec"] != "off")
@@ -131,6 +140,10 @@ class BudgetPanel(QWidget):
         if self.plan.facts is not None:
             self.plan.choose_context(self.context.currentData())
             self._show()
+
+    def _choose_cpu_threads(self, threads: int) -> None:
+        self.plan.choose_cpu_threads(threads)
+        self._show()
 
     def _choose_speculation(self) -> None:
         self.plan.choose_speculation(self.speculation.options()["spec"] != "off")
@@ -175,6 +188,7 @@ class BudgetPanel(QWidget):
                 label.setText(f"GPU {index} budget {format_size(budget.bytes) if budget.bytes else 'off'}")
             self.ram_label.setText(f"{RAM_NAME if plan.machine.gpu_bytes else CPU_RAM_NAME} "
                                    f"{format_size(plan.ram_budget)}")
+        self._show_cpu_threads()
         self.refusal.setText(f"This plan cannot run: {plan.refusal}" if plan.refusal else "")
         if plan.placement is not None:
             self._show_placement()
@@ -191,6 +205,17 @@ class BudgetPanel(QWidget):
         self.warning.setVisible(plan.exceeds_ram)
         self.load_button.setEnabled(plan.placement is not None)
 
+    def _show_cpu_threads(self) -> None:
+        """At the plan's count, up to the plan's most; greyed, saying why, where they would compute nothing."""
+        plan, threads = self.plan, self.cpu_threads
+        threads.blockSignals(True)
+        threads.setRange(0, plan.cpu_threads_max)
+        threads.setValue(plan.cpu_threads)
+        threads.blockSignals(False)
+        idle = "this machine has no core to spare" if not plan.cpu_threads_max else plan.cpu_tier_idle
+        threads.setEnabled(plan.facts is not None and idle is None)
+        threads.setToolTip(f"Off here: {idle}." if idle else CPU_THREADS_TIP)
+
     def _show_placement(self) -> None:
         plan = self.plan
         p, placement = plan.prediction, plan.placement
@@ -200,11 +225,17 @@ class BudgetPanel(QWidget):
             where = f"on {len(plan.gpus)} GPUs ({' + '.join(str(gpu.expert_slots) for gpu in plan.gpus)})"
         else:
             self.bar.show_placement(placement, self.device_name, plan.gpu_budget, plan.gpu_max)
-        self.speed.setText(f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s")
+        speed = f"Predicted decode: {_speed(p.tok_s_low)}–{_speed(p.tok_s_high)} tok/s"
+        tier = ""
+        if plan.cpu_threads and plan.cpu_tier_idle is None:
+            without = plan.prediction_without_tier
+            speed += f" ({_speed(without.tok_s_low)}–{_speed(without.tok_s_high)} without the CPU threads)"
+            tier = f" · the CPU computes {p.cpu_experts_per_token:.1f} experts per token"
+        self.speed.setText(speed)
         self.details.setText(
             f"{placement.expert_slots} of {plan.facts.total_experts} experts {where}"
             f" · cache hit rate {p.hit_rate:.0%} "
             f"({'as measured on real text' if p.measured_routing else 'uniform routing, the worst case'})"
-            f" · {format_size(p.fetched_bytes_per_token)} fetched per token · limited by {p.bound}"
+            f" · {format_size(p.fetched_bytes_per_token)} fetched per token{tier} · limited by {p.bound}"
             f" · {placement.disk_experts} experts read from disk"
         )

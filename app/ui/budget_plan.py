@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placement
+from app.plan_cpu_tier import cpu_tier_idle
 from app.plan_gpus import expert_workspace, plan_budgets, predict_gpus
 from app.protocol.requests import LoadModel
 from app.ui.hardware import Machine
@@ -47,8 +48,10 @@ class Budget:
 class BudgetPlan:
     """The plan for one model folder on this machine (asked of `machine` when the first model is opened):
     a budget for the device (the first GPU, or RAM without one), one for each further GPU (0: left out)
-    and one for the host's expert store, with the context and whether the load speculates. `placement`,
-    `gpus` and `prediction` follow every change; `refusal` says why the budgets cannot run, if they cannot."""
+    and one for the host's expert store, with the context, whether the load speculates and how many cores
+    compute experts beside the GPU (`cpu_threads`, kept from model to model). `placement`, `gpus`,
+    `prediction` and `prediction_without_tier` (no CPU threads) follow every change; `refusal` says why the
+    budgets cannot run, if they cannot."""
 
     def __init__(self, machine: Callable[[], Machine]):
         self._machine_source = machine
@@ -63,7 +66,10 @@ class BudgetPlan:
         self.placement: Placement | None = None
         self.gpus: tuple[Placement, ...] = ()  # one per GPU while the experts spread over several
         self.prediction: Prediction | None = None
+        self.prediction_without_tier: Prediction | None = None
         self.refusal: str | None = None
+        # off by default: the engine's steps with the tier are not yet as fast as predicted (bench/NOTES.md)
+        self.cpu_threads = 0
 
     @property
     def budgets(self) -> list[Budget]:
@@ -96,6 +102,19 @@ class BudgetPlan:
     @property
     def more_gpu_max(self) -> list[int]:
         return [budget.top for budget in self.more_gpus]
+
+    @property
+    def cpu_threads_max(self) -> int:
+        """Every core but one (the engine's own thread drives the GPU); none without a GPU, where the CPU computes
+        every expert already."""
+        return max(self.machine.cores - 1, 0) if self.machine and self.machine.gpu_bytes else 0
+
+    @property
+    def cpu_tier_idle(self) -> str | None:
+        """Why the CPU threads would compute no experts under this plan; None where they share the misses."""
+        if self.placement is None:
+            return None
+        return cpu_tier_idle(self.facts, self.placement, self.machine.hardware, len(self.gpus))
 
     @property
     def contexts(self) -> list[int]:
@@ -161,24 +180,30 @@ class BudgetPlan:
         budget.move(position)
         self.replan()
 
+    def choose_cpu_threads(self, threads: int) -> None:
+        self.cpu_threads = max(0, min(threads, self.cpu_threads_max))
+        self.replan()
+
     def place(self, request: LoadModel) -> None:
-        """A remembered load request's exact budgets (its context and speculation chosen already)."""
+        """A remembered load request's exact budgets and CPU threads (its context and speculation chosen
+        already)."""
         gpu_budgets = request.gpu_budget if isinstance(request.gpu_budget, tuple) else (request.gpu_budget,)
         devices = [self.gpu, *self.more_gpus]
         given = [*gpu_budgets[: len(devices)], *[0] * (len(devices) - len(gpu_budgets)), request.ram_budget]
         for budget, size in zip(self.budgets, given, strict=True):
             if size is not None:
                 budget.place(size)
-        self.replan()
+        self.choose_cpu_threads(request.cpu_threads)
 
     def load_request(self, spec: str = "off", drafter: str | None = None, block_size: int | None = None) -> LoadModel:
         # the window asks for one answer at a time: the engine then keeps its captured passes between answers
         return LoadModel(self.path, device=self.machine.device, dtype=self.machine.dtype, gpu_budget=self.gpu_budgets,
                          ram_budget=self.ram_budget, context=self.context, spec=spec, drafter=drafter,
-                         block_size=block_size, max_batch=1)
+                         block_size=block_size, max_batch=1, cpu_threads=self.cpu_threads)
 
     def replan(self) -> None:
-        self.placement, self.gpus, self.prediction, self.refusal = None, (), None, None
+        self.placement, self.gpus, self.refusal = None, (), None
+        self.prediction = self.prediction_without_tier = None
         if self.facts is None:
             return
         try:
@@ -187,8 +212,9 @@ class BudgetPlan:
         except UserError as error:
             self.refusal = self.machine.in_words(str(error))
             return
-        self.prediction = predict_gpus(self.facts, self.placement, self.gpus, self._dtype_bytes,
-                                       self.machine.hardware)
+        predict = [self.facts, self.placement, self.gpus, self._dtype_bytes, self.machine.hardware]
+        self.prediction = predict_gpus(*predict, cpu_threads=self.cpu_threads)
+        self.prediction_without_tier = predict_gpus(*predict)
 
     def _bound(self) -> None:
         """The device budget ends where the machine ends or where everything fits (for this context); with

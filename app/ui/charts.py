@@ -19,6 +19,7 @@ CHARTS = (
     ("Expert-cache hit rate", "", (("hit_rate", None),)),
     ("Prefetch", "", (("prefetch_coverage", "coverage"), ("prefetch_waste", "waste"))),
     ("Fetched per token", "B", (("bytes_per_token", None),)),
+    ("Experts the CPU computed per token", "", (("cpu_experts_per_token", None),)),
     ("Speculation per step", "tokens", (("accepted", "accepted drafts"), ("block_size", "block size"))),
 )
 FRACTIONS = ("hit_rate", "prefetch_coverage")

@@ -1,4 +1,5 @@
-"""What this machine has, found without torch: RAM from the kernel, GPU memory from `nvidia-smi`."""
+"""What this machine has, found without torch: RAM from the kernel, GPU memory from `nvidia-smi`, cores from the
+scheduler."""
 
 import os
 import subprocess
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 
 from app.plan import CARD_MEMORY_BPS, PCIE_BPS, Hardware
 from app.plan_cpu import CPU_HARDWARE
+from app.plan_cpu_tier import host_cores
 
 GIB = 1 << 30
 _SMI_QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,pcie.link.gen.max", "--format=csv,noheader,nounits"]
@@ -18,6 +20,7 @@ class Machine:
     gpu_bytes: int | None = None
     pcie_gen: int | None = None
     more_gpu_bytes: tuple[int, ...] = ()  # memory of every further GPU: the experts can spread over all of them
+    cores: int = 1  # the CPU cores the app may run on
 
     @property
     def device(self) -> str:
@@ -46,6 +49,8 @@ class Machine:
         """A planner's or engine's message as this window says it: budgets by their slider's name, and no
         GPU named on a machine that has none."""
         message = message.replace("--gpu-budget", "the GPU budget").replace("--ram-budget", "the RAM budget")
+        message = message.replace("--cpu-threads 0", "0 CPU threads for experts")
+        message = message.replace("--cpu-threads", "the CPU expert tier")
         if not self.gpu_bytes:
             message = message.replace("GPU budget", "memory budget").replace("GPU memory", "memory")
         return message
@@ -71,8 +76,9 @@ class Machine:
 def detect_machine(run=subprocess.run) -> Machine:
     gpus = _gpus(run)
     if not gpus:
-        return Machine(total_ram())
-    return Machine(total_ram(), *gpus[0], more_gpu_bytes=tuple(memory for _, memory, _ in gpus[1:]))
+        return Machine(total_ram(), cores=host_cores())
+    return Machine(total_ram(), *gpus[0], more_gpu_bytes=tuple(memory for _, memory, _ in gpus[1:]),
+                   cores=host_cores())
 
 
 def total_ram() -> int:

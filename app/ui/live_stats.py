@@ -9,11 +9,12 @@ HISTORY = 600  # points per series: a minute at ~10 Hz
 
 class LiveStats:
     """Series of (seconds since the first point, value). Step statistics give speed, cache and
-    prefetch figures and the cache's residency per layer (`residency`: seconds and one row of layer
-    fractions each); speculative steps (Tokens.spec) give accepted drafts and block sizes."""
+    prefetch figures, the experts the CPU tier computed (from its first, so its zeros show too) and the
+    cache's residency per layer (`residency`: seconds and one row of layer fractions each); speculative
+    steps (Tokens.spec) give accepted drafts and block sizes."""
 
     SERIES = ("tok_s", "hit_rate", "prefetch_coverage", "prefetch_waste", "bytes_per_token",
-              "accepted", "block_size")
+              "cpu_experts_per_token", "accepted", "block_size")
 
     def __init__(self, clock):
         self.clock = clock
@@ -34,6 +35,8 @@ class LiveStats:
             self._add("prefetch_waste", stats.prefetch_waste)
         if stats.tokens:
             self._add("bytes_per_token", stats.bytes_fetched / stats.tokens)
+            if stats.cpu_computed or self.has("cpu_experts_per_token"):
+                self._add("cpu_experts_per_token", stats.cpu_computed / stats.tokens)
         if stats.residency:
             times, rows = self.residency
             if rows and len(rows[-1]) != len(stats.residency):  # another model: its layers start afresh

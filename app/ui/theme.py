@@ -50,7 +50,8 @@ LIGHT = Palette(
     assistant_bubble="#ffffff", code_background="#f1f3f5", drafted="#7048e8", error="#c92a2a", warning="#b35000",
     banner_background="#fff5f5", banner_border="#ffc9c9",
     series={"tok_s": "#4c6ef5", "hit_rate": "#2f9e44", "prefetch_coverage": "#2f9e44", "prefetch_waste": "#e03131",
-            "bytes_per_token": "#f59f00", "accepted": "#7048e8", "block_size": "#868e96"},
+            "bytes_per_token": "#f59f00", "cpu_experts_per_token": "#0c8599", "accepted": "#7048e8",
+            "block_size": "#868e96"},
     placement={**_SEGMENTS, "unused budget": "#d0ebff", "free": "#e9ecef"},
 )
 DARK = Palette(
@@ -59,7 +60,8 @@ DARK = Palette(
     assistant_bubble="#26282c", code_background="#1a1c20", drafted="#b197fc", error="#ff8787", warning="#ffb266",
     banner_background="#3b2225", banner_border="#7a3a40",
     series={"tok_s": "#748ffc", "hit_rate": "#51cf66", "prefetch_coverage": "#51cf66", "prefetch_waste": "#ff6b6b",
-            "bytes_per_token": "#fcc419", "accepted": "#b197fc", "block_size": "#adb5bd"},
+            "bytes_per_token": "#fcc419", "cpu_experts_per_token": "#3bc9db", "accepted": "#b197fc",
+            "block_size": "#adb5bd"},
     placement={**_SEGMENTS, "unused budget": "#2b4a66", "free": "#3a3d42"},
 )
 

@@ -9,6 +9,7 @@ from app.engine.session import Prompt, Session, collect
 from app.protocol.engine_process import spawn_engine
 from app.protocol.events import Done, Error, Loaded, LoadProgress, StepStats, Tokens
 from app.protocol.requests import Generate, LoadModel
+from app.protocol.stats import CacheStats
 from tests.fixtures.tiny_dflash import write_tiny_dflash
 from tests.test_cli_spec import CONTEXT, budget_for_slots
 
@@ -127,3 +128,14 @@ def test_step_stats_carry_the_share_of_each_layers_experts_in_the_cache(tiny_gpt
     expected = [sum(1 for layer, _ in resident if layer == moe_layer) / cache.store.num_experts
                 for moe_layer in cache.store.layers]
     assert stats[-1].residency == expected and sum(expected) * cache.store.num_experts == 3
+
+
+def test_step_stats_carry_the_misses_the_cpu_tier_computed():
+    delta = CacheStats(hits=5, misses=7, bytes_fetched=3 << 20, cpu_computed=4)
+    stats = process._step_stats(2, 3, 0.25, delta, [0.5])
+    assert (stats.hits, stats.misses, stats.bytes_fetched, stats.cpu_computed) == (5, 7, 3 << 20, 4)
+
+
+def test_a_load_passes_its_cpu_threads_to_the_loader(tiny_gpt_oss, threads_loaded):
+    events = serve([LoadModel(str(tiny_gpt_oss), context=64, cpu_threads=1), LoadModel(str(tiny_gpt_oss), context=64)])
+    assert threads_loaded == [1, 0] and sum(isinstance(e, Loaded) for e in events) == 2

@@ -110,6 +110,20 @@ def test_live_stats_keep_a_series_only_for_figures_that_exist():
     assert not stats.has("accepted")
 
 
+def test_the_cpu_tiers_experts_per_token_are_charted_from_the_first_it_computed(qtbot):
+    clock = Clock()
+    charts = LiveCharts(clock)
+    qtbot.addWidget(charts)
+    for computed in (0, 6, 0):
+        charts.add_step_stats(StepStats(1, tokens=4, seconds=0.1, hits=3, misses=9, bytes_fetched=0,
+                                        prefetch_coverage=0.0, prefetch_waste=0.0, cpu_computed=computed))
+        charts.refresh()
+        clock.now += 0.1
+    assert charts.stats.points("cpu_experts_per_token")[1] == [1.5, 0.0]
+    assert list(charts.curves["cpu_experts_per_token"].getData()[1]) == [1.5, 0.0]
+    assert list(charts.plots).index("Experts the CPU computed per token") == 3
+
+
 def test_ram_is_read_from_the_kernel():
     assert total_ram() == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), rel=0.01)
 
@@ -123,6 +137,7 @@ def test_a_gpu_is_found_through_nvidia_smi():
     assert (machine.gpu_name, machine.gpu_bytes, machine.pcie_gen) == ("NVIDIA H200", 143771 << 20, 5)
     assert machine.device == "cuda" and machine.dtype == "bfloat16" and machine.device_bytes == 143771 << 20
     assert machine.hardware.link_bps == 55e9 and machine.hardware.memory_bps == 4.8e12
+    assert machine.cores == len(os.sched_getaffinity(0))  # the cores the app may run on
 
 
 def test_without_nvidia_smi_the_cpu_is_the_device():

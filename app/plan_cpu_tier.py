@@ -1,0 +1,101 @@
+"""The CPU expert tier in the performance model (pure Python): how fast the host's cores compute routed experts, and
+how a layer call's misses split between the device fetching them and the CPU computing them, as the engine splits
+them (app/kernels/cpu_share.py, which loads torch: the desktop app plans without it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from math import comb
+from typing import TYPE_CHECKING
+
+from app.curves import interpolated
+
+if TYPE_CHECKING:
+    from app.plan import Hardware, ModelFacts, Placement
+
+
+@dataclass(frozen=True)
+class CpuExpertRates:
+    """The host's cores computing routed experts for one token. `expert_s_by_threads`: (threads, seconds for an
+    expert of `expert_bytes`), threads ascending; between two measured thread counts the rate (bytes a second) is
+    interpolated, below the first it scales with the threads, beyond the last it stays (the host's memory bandwidth
+    caps it, and nothing measured says otherwise). `step_slowdown`: how much slower than alone they compute inside
+    the decode step; `call_s`: a layer call's fixed cost (the hand-over, waking the threads)."""
+
+    expert_bytes: int
+    expert_s_by_threads: tuple[tuple[int, float], ...]
+    step_slowdown: float
+    call_s: float
+
+    def bytes_per_s(self, threads: int) -> float:
+        rates = [(0, 0.0), *((count, self.expert_bytes / seconds) for count, seconds in self.expert_s_by_threads)]
+        return interpolated(rates, threads)
+
+    def pair_s(self, threads: int, expert_bytes: int) -> float:
+        """Seconds a decode step's CPU share takes per (token, expert) pair, on `threads` cores."""
+        return expert_bytes / self.bytes_per_s(threads) * self.step_slowdown
+
+
+# The C kernel alone (bench/results/cpu-expert-rate-h200-2026-12-01.json: the H200 host, 16 cores, one token, experts
+# not in the caches), for gpt-oss-20b's MXFP4 experts as the host store holds them. Inside the decode step the engine
+# measured 0.54-1.06 ms an expert at 14 threads, not 0.457 (bench/NOTES.md: the OpenMP team sleeps between calls, the
+# GPU's reads of the host store share its memory): the planner prices the step, so it slows the kernel's rates by the
+# best the step reached. With it the planner's split gives the CPU experts per token that the engine's gave under
+# uniform routing on the H200 (24.0 at 10 % of the experts on the GPU, 19.4 at 25 %; planned: 23.8, 19.7). A call
+# costs about 0.1 ms (0.03-0.13 measured). Rerun bench/cpu_expert_rate.py and replace the rows as the kernel and the
+# tier improve (step_slowdown 1 once the step computes as fast as the kernel alone).
+HOST_CPU_EXPERTS = CpuExpertRates(
+    expert_bytes=13_253_760,
+    expert_s_by_threads=((1, 4.58e-3), (8, 0.659e-3), (12, 0.464e-3), (14, 0.457e-3), (16, 0.398e-3)),
+    step_slowdown=0.54 / 0.457,
+    call_s=0.1e-3,
+)
+
+
+def miss_s(misses: int, count: int, costs: tuple[float, float, float]) -> float:
+    """A one-token layer call's miss time (`costs`: a fetch's seconds, a call's, a pair's) when the CPU computes
+    `count` of its `misses`: the slower of the device fetching the rest and the CPU computing its share."""
+    fetch_s, call_s, pair_s = costs
+    return max((misses - count) * fetch_s, call_s + count * pair_s if count else 0.0)
+
+
+def cpu_share(misses: int, costs: tuple[float, float, float]) -> int:
+    """How many of a one-token call's `misses` the engine gives the CPU: the count whose miss time is least, the
+    fewest on a tie (app/kernels/cpu_share.py's `cpu_count` finds it without trying every count)."""
+    return min(range(misses + 1), key=lambda count: miss_s(misses, count, costs))
+
+
+def expected_share(top_k: int, miss_rate: float, costs: tuple[float, float, float]) -> tuple[float, float]:
+    """(seconds the CPU's share saves, experts it computes) in a one-token layer call, expected over its misses:
+    each of the `top_k` picks missing on its own at `miss_rate`."""
+    saved = computed = 0.0
+    for misses in range(1, top_k + 1):
+        chance = comb(top_k, misses) * miss_rate**misses * (1 - miss_rate) ** (top_k - misses)
+        count = cpu_share(misses, costs)
+        saved += chance * (misses * costs[0] - miss_s(misses, count, costs))
+        computed += chance * count
+    return saved, computed
+
+
+def cpu_tier_idle(facts: ModelFacts, placement: Placement, hardware: Hardware, gpus: int = 1) -> str | None:
+    """Why the CPU tier computes no experts under this plan, whose experts `gpus` GPUs hold (`plan_budgets` gives
+    no per-GPU placements for one): the engine starts it only where one GPU serves the misses of a cache over every
+    expert in RAM (app/engine/loader.py). None where it shares the misses."""
+    if hardware.cpu_experts is None:
+        return "no GPU: the CPU computes every expert already"
+    if gpus > 1:
+        return "the experts are spread over several GPUs"
+    if placement.disk_experts:
+        return "some experts are read from disk: the tier needs every expert in RAM"
+    if placement.expert_slots >= facts.total_experts:
+        return "every expert is on the GPU: there are no misses to share"
+    return None
+
+
+def host_cores() -> int:
+    """The cores this process may run on: the most threads the tier can have."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
