@@ -383,8 +383,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     copy_s = fetched / link_bps + from_disk / hardware.disk_bps
     cpu_experts = 0.0
     if cpu_threads and cpu_tier_idle(facts, placement, hardware) is None:
-        # only the misses' time changes: the step is priced as one graph, as without the tier, so this is the speed
-        # once the engine captures tier steps too (they run eagerly until a fault in their replays is found)
+        # only the misses' time changes: a step with the tier is one graph, as without it
         rates, layers = hardware.cpu_experts, uses_per_token // facts.top_k
         costs = (facts.expert_bytes / link_bps, rates.call_s, rates.pair_s(cpu_threads, facts.expert_bytes))
         saved_s, computed = expected_share(facts.top_k, 1 - hit_rate, costs)

@@ -38,18 +38,18 @@ class CpuExpertRates:
 
 
 # The C kernel alone (bench/results/cpu-expert-rate-h200-2026-12-01.json: the H200 host, 16 cores, one token, experts
-# not in the caches), for gpt-oss-20b's MXFP4 experts as the host store holds them. Inside the decode step the engine
-# measured 0.54-1.06 ms an expert at 14 threads, not 0.457 (bench/NOTES.md: the OpenMP team sleeps between calls, the
-# GPU's reads of the host store share its memory): the planner prices the step, so it slows the kernel's rates by the
-# best the step reached. With it the planner's split gives the CPU experts per token that the engine's gave under
-# uniform routing on the H200 (24.0 at 10 % of the experts on the GPU, 19.4 at 25 %; planned: 23.8, 19.7). A call
-# costs about 0.1 ms (0.03-0.13 measured). Rerun bench/cpu_expert_rate.py and replace the rows as the kernel and the
-# tier improve (step_slowdown 1 once the step computes as fast as the kernel alone).
+# not in the caches), for gpt-oss-20b's MXFP4 experts as the host store holds them. The tier's own measurement at load,
+# through its serving thread (bench/results/decode-gpt-oss-20b-2026-12-02-cpu-tier-graphs.json, 15 threads, the 10 %
+# runs, steps in CUDA graphs): a call 0.203 ms, an expert 0.359 ms, where the kernel alone takes 0.4255 ms at 15
+# threads (its rate between 14 and 16). The planner prices the step with the tier's figures: it scales the kernel's
+# rates by their ratio and takes the call's cost. Its split then gives the CPU the experts per token the engine's gave
+# there (23.7 under uniform routing). Replace the figures as the kernel and the tier change (bench/cpu_expert_rate.py,
+# bench/decode_gpt_oss.py --cpu-threads).
 HOST_CPU_EXPERTS = CpuExpertRates(
     expert_bytes=13_253_760,
     expert_s_by_threads=((1, 4.58e-3), (8, 0.659e-3), (12, 0.464e-3), (14, 0.457e-3), (16, 0.398e-3)),
-    step_slowdown=0.54 / 0.457,
-    call_s=0.1e-3,
+    step_slowdown=0.359 / 0.4255,
+    call_s=0.203e-3,
 )
 
 

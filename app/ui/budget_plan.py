@@ -68,7 +68,8 @@ class BudgetPlan:
         self.prediction: Prediction | None = None
         self.prediction_without_tier: Prediction | None = None
         self.refusal: str | None = None
-        # off by default: the engine's steps with the tier are not yet as fast as predicted (bench/NOTES.md)
+        # off by default: on the H200 the tier was faster at 10 % of the experts on the GPU (1.2x), not yet at 25 %
+        # (bench/NOTES.md)
         self.cpu_threads = 0
 
     @property
