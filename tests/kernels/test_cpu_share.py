@@ -191,3 +191,23 @@ def test_the_measured_costs_come_from_the_serving_thread(tiny_gpt_oss):
     tier.close()
     assert not any(t.name == "cpu-experts" and t.is_alive() for t in threading.enumerate())
 
+
+
+@pytest.mark.usefixtures("built_library")
+def test_a_cost_measurement_in_which_more_experts_took_no_longer_than_one_is_taken_again(tiny_glm_fp8, monkeypatch):
+    _, tier = with_cpu_tier(tiny_glm_fp8, 3)
+    more = min(3, tier.buffers.slots.numel() // tier.buffers.x.shape[0])
+    calls_an_attempt = 2 * (9 + 2)  # the default repeats and warm-ups, of each count
+    # something held the cores during the first attempt, not during the second
+    attempts = [{1: 1.5e-3, more: 1.5e-3}, {1: 0.6e-3, more: 0.6e-3 + (more - 1) * 0.4e-3}]
+    calls = []
+
+    def timed_call(layer_index, count):
+        calls.append(count)
+        return attempts[(len(calls) - 1) // calls_an_attempt][count]
+
+    monkeypatch.setattr(tier, "_timed_call", timed_call)
+    call_s, pair_s = tier.measured_call_costs()
+    assert len(calls) == 2 * calls_an_attempt
+    assert pair_s == pytest.approx(0.4e-3) and call_s == pytest.approx(0.2e-3)
+    tier.close()
