@@ -1,6 +1,6 @@
-"""The CPU expert tier in the performance model (pure Python): how fast the host's cores compute routed experts, and
-how a layer call's misses split between the device fetching them and the CPU computing them, as the engine splits
-them (app/kernels/cpu_share.py, which loads torch: the desktop app plans without it)."""
+"""The CPU expert tier in the performance model (pure Python, so the desktop app plans with it): how fast the host's
+cores compute routed experts, and how a layer call's misses split between the device fetching them and the CPU
+computing them, the one split the engine uses too (app/kernels/cpu_share.py)."""
 
 from __future__ import annotations
 
@@ -54,16 +54,25 @@ HOST_CPU_EXPERTS = CpuExpertRates(
 
 
 def miss_s(misses: int, count: int, costs: tuple[float, float, float]) -> float:
-    """A one-token layer call's miss time (`costs`: a fetch's seconds, a call's, a pair's) when the CPU computes
+    """A layer call's miss time (`costs`: a fetch's seconds, a call's, an expert's on the CPU) when the CPU computes
     `count` of its `misses`: the slower of the device fetching the rest and the CPU computing its share."""
+    fetch_s, call_s, expert_s = costs
+    return max((misses - count) * fetch_s, call_s + count * expert_s if count else 0.0)
+
+
+def cpu_count(misses: int, pairs: int, costs: tuple[float, float, float] | list[float]) -> int:
+    """How many of `misses` experts (`pairs` (token, expert) pairs between them) the CPU computes (`costs`: a
+    fetch's seconds, a call's, a pair's): of the two counts around where fetching and computing take equally long,
+    the one whose miss time is less (fewer on a tie). The engine's split (app/kernels/cpu_share.py's device kernel
+    computes the same on the GPU) and the planner's."""
+    if misses == 0:
+        return 0
     fetch_s, call_s, pair_s = costs
-    return max((misses - count) * fetch_s, call_s + count * pair_s if count else 0.0)
-
-
-def cpu_share(misses: int, costs: tuple[float, float, float]) -> int:
-    """How many of a one-token call's `misses` the engine gives the CPU: the count whose miss time is least, the
-    fewest on a tie (app/kernels/cpu_share.py's `cpu_count` finds it without trying every count)."""
-    return min(range(misses + 1), key=lambda count: miss_s(misses, count, costs))
+    expert_s = pair_s * pairs / misses
+    even = min(max(int((misses * fetch_s - call_s) // (fetch_s + expert_s)), 0), misses)
+    per_expert = (fetch_s, call_s, expert_s)
+    better = even < misses and miss_s(misses, even + 1, per_expert) < miss_s(misses, even, per_expert)
+    return even + 1 if better else even
 
 
 def expected_share(top_k: int, miss_rate: float, costs: tuple[float, float, float]) -> tuple[float, float]:
@@ -72,7 +81,7 @@ def expected_share(top_k: int, miss_rate: float, costs: tuple[float, float, floa
     saved = computed = 0.0
     for misses in range(1, top_k + 1):
         chance = comb(top_k, misses) * miss_rate**misses * (1 - miss_rate) ** (top_k - misses)
-        count = cpu_share(misses, costs)
+        count = cpu_count(misses, misses, costs)
         saved += chance * (misses * costs[0] - miss_s(misses, count, costs))
         computed += chance * count
     return saved, computed

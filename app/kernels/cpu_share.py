@@ -21,6 +21,7 @@ import triton.language as tl
 
 from app.kernels.expert_resolve import MISSES
 from app.kernels.expert_tiles import INTERPRETED
+from app.plan_cpu_tier import cpu_count
 
 REQUEST, DONE, STOP, TOKENS, STATUS = range(5)  # control's entries (enum control of cpu/cpu_share.c)
 CPU_COMPUTED = 4  # the residency's counts column of misses the CPU computed
@@ -60,21 +61,6 @@ class CpuShareBuffers(NamedTuple):
                    weights=host(max_tokens * picks), x=host(max_tokens, hidden_size),
                    out=host(max_tokens, hidden_size), costs=on_device(3, torch.float32), ticket=on_device(1),
                    pending=on_device(1), failed=on_device(1))
-
-
-def cpu_count(misses: int, pairs: int, costs: list[float]) -> int:
-    """How many of `misses` experts (`pairs` pairs between them) the CPU computes: of the two counts around where
-    fetching and computing take equally long, the one whose slower side is faster (fewer on a tie)."""
-    if misses == 0:
-        return 0
-    fetch, call, pair = costs
-    per_expert = pair * pairs / misses
-    even = min(max(int((misses * fetch - call) // (fetch + per_expert)), 0), misses)
-
-    def slower(count: int) -> float:
-        return max((misses - count) * fetch, call + count * per_expert if count else 0.0)
-
-    return even + 1 if even < misses and slower(even + 1) < slower(even) else even
 
 
 def post_cpu_share(experts: torch.Tensor, weights: torch.Tensor, hidden: torch.Tensor, layer: int, store_base: int,

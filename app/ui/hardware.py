@@ -77,8 +77,8 @@ def detect_machine(run=subprocess.run) -> Machine:
     gpus = _gpus(run)
     if not gpus:
         return Machine(total_ram(), cores=host_cores())
-    return Machine(total_ram(), *gpus[0], more_gpu_bytes=tuple(memory for _, memory, _ in gpus[1:]),
-                   cores=host_cores())
+    more = tuple(memory for _, memory, _ in gpus[1:])
+    return Machine(total_ram(), *gpus[0], more_gpu_bytes=more, cores=host_cores())
 
 
 def total_ram() -> int:

@@ -18,12 +18,12 @@ from app.kernels.cpu_share import (
     CpuShareBuffers,
     add_cpu_share,
     add_cpu_share_torch,
-    cpu_count,
     post_cpu_share,
     post_cpu_share_torch,
 )
 from app.kernels.expert_resolve import MISSES
 from app.model_folder import ModelFolder
+from app.plan_cpu_tier import cpu_count
 from tests.engine.greedy import greedy_with_stats
 from tests.fixtures.tiny_glm import write_tiny_glm
 from tests.kernels.test_device_misses import PROMPT, check_residency, loaded
