@@ -6,7 +6,8 @@
 #                                      # engine fully resident (before llama.cpp's benches, which wait for it)
 #   bash bench/h200_session.sh llama   # waits for llama.cpp's benches and copies their JSON
 #   bash bench/h200_session.sh bench   # waits for llama.cpp, then this engine on the same checkpoint (20b, the
-#                                      # three routings, misses served on the device and by the host)
+#                                      # three routings, misses served on the device); with RATE=1 first the CPU
+#                                      # expert kernels alone (bench/cpu_expert_rate.py)
 #   bash bench/h200_session.sh tier    # the CPU expert tier: its tests, bench/cpu_expert_rate.py and the decode
 #                                      # runs, against llama.cpp's figures of an earlier call (LLAMA_JSON)
 #   bash bench/h200_session.sh glm     # GLM-4.5-Air-FP8 (uniform routing), misses served on the device
@@ -82,6 +83,9 @@ if [ "$phase" = bench ]; then
   while [ ! -f /tmp/llama.done ]; do sleep 5; done
   cp /tmp/llama-tg.json "$out/"
   cp /tmp/llama-pp.json "$out/"
+  if [ "${RATE:-0}" = 1 ]; then  # the CPU expert kernels alone, by format, instruction set and threads
+    python3 bench/cpu_expert_rate.py "$out/cpu-expert-rate.json" --threads 8,12,15,16 2>&1 | tee "$out/cpu-expert-rate.log"
+  fi
   python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-20b.json" --folder /tmp/g20 --fractions "$fractions" \
     --routing "$routing" --misses device --cpu-threads "$cpu_threads" --new 128 --repeats 2 \
     --llama-json /tmp/llama-tg.json \

@@ -1,7 +1,7 @@
 """The CPU expert tier on a GPU (experts/cpu_tier.py, kernels/cpu_share.py): the hand-over through page-locked
 memory inside the decode step's CUDA graph gives the tokens of the step without it, and the CPU computes part of the
-misses. Skipped without a CUDA device; on the GPU
-machine: `python -m pytest tests/engine/test_cpu_tier_cuda.py`."""
+misses: gpt-oss's MXFP4 experts and GLM's FP8 ones (a scale per row, and per block). Skipped without a CUDA device;
+on the GPU machine: `python -m pytest tests/engine/test_cpu_tier_cuda.py`."""
 
 import pytest
 import torch
@@ -17,16 +17,21 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
               pytest.mark.skipif(library.library() is None, reason="the CPU kernels are not built")]
 
 
+@pytest.fixture(params=["gpt_oss", "glm4_moe_fp8", "glm_moe_dsa_fp8"])
+def model(request, tiny_gpt_oss, tiny_glm):
+    return tiny_gpt_oss if request.param == "gpt_oss" else tiny_glm(request.param)
+
+
 @pytest.mark.parametrize("threads", [1, 4])
-def test_graph_steps_with_the_cpu_tier_give_the_tokens_of_steps_without_it(tiny_gpt_oss, threads):
-    with_tier = offloaded(tiny_gpt_oss, 5, cpu_threads=threads)
+def test_graph_steps_with_the_cpu_tier_give_the_tokens_of_steps_without_it(model, threads):
+    with_tier = offloaded(model, 5, cpu_threads=threads)
     tier = with_tier.model.experts.device_misses.cpu_tier
     assert tier is not None and tier.threads == threads and tier.pair_s > 0 and tier.fetch_s > 0
     tier.buffers.costs.copy_(torch.tensor([1.0, 0.0, 1.0]))  # about half of each call's misses on the CPU
     with torch.inference_mode():
         assert isinstance(StepRunner(with_tier.model, 64).program(1), DecodeGraph)
     tokens, stats = greedy_with_stats(with_tier, PROMPT, NEW)
-    expected, _ = greedy_with_stats(offloaded(tiny_gpt_oss, 5), PROMPT, NEW)
+    expected, _ = greedy_with_stats(offloaded(model, 5), PROMPT, NEW)
     assert tokens == expected
     work = stats.expert_cache
     assert 0 < work.cpu_computed < work.misses

@@ -40,14 +40,14 @@ def built_library():
         pytest.skip("no C compiler on this machine: the CPU expert kernels cannot be built")
 
 
-@pytest.fixture(params=["avx2", "portable"])
+@pytest.fixture(params=library.VECTORS)
 def vector_path(request):
-    """Each test once with AVX2 (where the CPU has it) and once on the portable C."""
-    wanted = request.param == "avx2"
-    if library.use_avx2(wanted) != wanted:
-        pytest.skip("this CPU has no AVX2")
+    """Each test on every instruction set the CPU has, the portable C included."""
+    best = library.vectors()
+    if library.use_vectors(request.param) != request.param:
+        pytest.skip(f"this CPU has no {request.param}")
     yield request.param
-    library.use_avx2(True)
+    library.use_vectors(best)
 
 
 @pytest.fixture(params=[1, 2])

@@ -31,8 +31,9 @@ def random_arenas(fmt: str, hidden: int, width: int, block: tuple[int, int] | No
     return arenas
 
 
-# (format, hidden, width, block): 200 and 136 leave a step of 8 after the steps of 32, 70 and 45 a scalar tail;
-# blocks of 32 and 128 end partial (the last row and column of blocks cover fewer rows and columns)
+# (format, hidden, width, block): 200 and 136 leave a step of 8 after AVX2's steps of 32 and a scalar tail of 8 after
+# AVX-512's steps of 64, 70 and 45 scalar tails (45: after AVX-512's steps of 16); blocks of 32 and 128 end partial (the
+# last row and column of blocks cover fewer rows and columns)
 FORMATS = [("fp8", 200, 136, (128, 128)), ("fp8", 70, 45, (32, 32)), ("fp8", 200, 136, None), ("fp8", 70, 45, None),
            ("bf16", 200, 136, None), ("f32", 70, 45, None)]
 

@@ -1,5 +1,5 @@
 /* AVX2 pieces of the row tiles: a tile row's accumulators and their sums. Every function is compiled for AVX2,
- * FMA and F16C whatever the build's flags; callers check has_avx2() first. */
+ * FMA and F16C whatever the build's flags; callers check vectors() first. */
 #ifndef MOECHAT_CPU_AVX2_H
 #define MOECHAT_CPU_AVX2_H
 

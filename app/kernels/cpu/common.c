@@ -88,21 +88,24 @@ static void down_projection(const struct routing *r, const struct pairs *p, cons
     }
 }
 
-static int detected, avx2;
+static int detected, level;
 
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((constructor)) static void detect_avx2(void) {
+__attribute__((constructor)) static void detect_vectors(void) {
     __builtin_cpu_init();
-    detected = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    avx2 = detected;
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    const int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+    detected = avx512 ? VECTORS_AVX512 : avx2 ? VECTORS_AVX2 : VECTORS_PORTABLE;
+    level = detected;
 }
 #endif
 
-int has_avx2(void) { return avx2; }
+int vectors(void) { return level; }
 
-int use_avx2(int wanted) {
-    avx2 = wanted && detected;
-    return avx2;
+int use_vectors(int wanted) {
+    level = wanted < detected ? wanted : detected;
+    return level;
 }
 
 /* Rows go out in chunks of CHUNK (a multiple of every layer's granule), taken by whichever thread is free: a thread

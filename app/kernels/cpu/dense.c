@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "avx2.h"
+#include "avx512.h"
 #include "experts.h"
 
 static float e4m3_values[256];
@@ -113,11 +113,70 @@ static AVX2 void vector_tile(const struct matrix *m, int64_t first, int64_t coun
         WITH_CONSTANT_TOKENS(n, vector_rows, m, first, count, x, y, DTYPE_F32)
     }
 }
+
+/* decode8 for 16 weights */
+INLINE AVX512 __m512 decode16(const uint8_t *row, int64_t k, __m512 s, const int dtype) {
+    if (dtype == DTYPE_F32) return _mm512_mul_ps(_mm512_loadu_ps((const float *)row + k), s);
+    if (dtype == DTYPE_FP8_E4M3) {
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k)));
+        const __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x7F)), 7);
+        const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x80)), 8);
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(magnitude, sign)), s);
+    }
+    const __m512i halves = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(row + 2 * k)));
+    return _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(halves, 16)), s);
+}
+
+INLINE AVX512 void wide_row(const struct matrix *m, int64_t r, const float *const *x, float *y, const int dtype,
+                            const int n) {
+    const uint8_t *row = row_of(m, r);
+    struct wide_accumulators a;
+    clear_wide(&a, n);
+    float tail[TILE_TOKENS] = {0.0f};
+    for (int64_t k0 = 0; k0 < m->cols; k0 += scale_columns(m)) {
+        const int64_t k1 = k0 + scale_columns(m) < m->cols ? k0 + scale_columns(m) : m->cols;
+        const float s = scale_at(m, r, k0);
+        const __m512 vs = _mm512_set1_ps(dtype == DTYPE_FP8_E4M3 ? 256.0f * s : s);
+        int64_t k = k0;
+        for (; k + 64 <= k1; k += 64) {
+            __m512 w[4];
+            for (int j = 0; j < 4; j++) w[j] = decode16(row, k + 16 * j, vs, dtype);
+            multiply_add_wide(&a, w, 4, x, k, n);
+        }
+        for (; k + 16 <= k1; k += 16) {
+            const __m512 w = decode16(row, k, vs, dtype);
+            multiply_add_wide(&a, &w, 1, x, k, n);
+        }
+        for (; k < k1; k++)
+            for (int i = 0; i < n; i++) tail[i] += weight_at(m, row, k) * s * x[i][k];
+    }
+    for (int i = 0; i < n; i++) y[i * TILE_ROWS] = total_wide(&a, i) + tail[i];
+}
+
+INLINE AVX512 void wide_rows(const struct matrix *m, int64_t first, int64_t count, const float *const *x, float *y,
+                             const int dtype, const int n) {
+    for (int64_t r = 0; r < count; r++) wide_row(m, first + r, x, y + r, dtype, n);
+}
+
+static AVX512 void wide_tile(const struct matrix *m, int64_t first, int64_t count, const float *const *x, int n,
+                             float *y) {
+    if (m->dtype == DTYPE_FP8_E4M3) {
+        WITH_CONSTANT_TOKENS(n, wide_rows, m, first, count, x, y, DTYPE_FP8_E4M3)
+    } else if (m->dtype == DTYPE_BF16) {
+        WITH_CONSTANT_TOKENS(n, wide_rows, m, first, count, x, y, DTYPE_BF16)
+    } else {
+        WITH_CONSTANT_TOKENS(n, wide_rows, m, first, count, x, y, DTYPE_F32)
+    }
+}
 #endif
 
 void dense_tile(const struct matrix *m, int64_t first, int64_t count, const float *const *x, int n, float *y) {
 #ifdef VECTORIZED
-    if (has_avx2()) {
+    if (vectors() == VECTORS_AVX512) {
+        wide_tile(m, first, count, x, n, y);
+        return;
+    }
+    if (vectors() == VECTORS_AVX2) {
         vector_tile(m, first, count, x, n, y);
         return;
     }

@@ -94,7 +94,9 @@ static inline float load_float(const uint8_t *base, int32_t dtype, int64_t index
     }
     return value;
 }
-int has_avx2(void);
-int use_avx2(int wanted); /* tests run the scalar path too; returns whether AVX2 is now used */
+/* The instruction sets the tiles can use, each a superset of the one before: the best the CPU has is chosen at load */
+enum vectors { VECTORS_PORTABLE = 0, VECTORS_AVX2 = 1, VECTORS_AVX512 = 2 };
+int vectors(void);
+int use_vectors(int wanted); /* tests run every path the CPU has; returns the one now used, `wanted` or the best below */
 
 #endif

@@ -62,7 +62,7 @@ def library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(found[0]))
     for name, experts in (("gpt_oss_experts", GptOssExperts), ("glu_experts", GluExperts)):
         getattr(lib, name).argtypes = [ctypes.POINTER(Routing), ctypes.POINTER(experts)]
-    lib.use_avx2.argtypes = [ctypes.c_int]
+    lib.use_vectors.argtypes = [ctypes.c_int]
     lib.serve_cpu_share.argtypes = [ctypes.POINTER(CpuShare)]
     return lib
 
@@ -108,10 +108,14 @@ def run(kernel: str, experts: ctypes.Structure, hidden: torch.Tensor, slots: tor
     return out.to(hidden.dtype)
 
 
-def has_avx2() -> bool:
-    return bool(library().has_avx2())
+VECTORS = ("portable", "avx2", "avx512")  # enum vectors, each a superset of the one before
 
 
-def use_avx2(wanted: bool) -> bool:
-    """Tests run the portable path too; whether AVX2 is now used."""
-    return bool(library().use_avx2(int(wanted)))
+def vectors() -> str:
+    """The instruction set the kernels use: the best this CPU has."""
+    return VECTORS[library().vectors()]
+
+
+def use_vectors(wanted: str) -> str:
+    """Tests run every path the CPU has; the one now used: `wanted`, or the best below it."""
+    return VECTORS[library().use_vectors(VECTORS.index(wanted))]

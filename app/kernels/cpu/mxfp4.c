@@ -2,7 +2,7 @@
  * in the high one), scales [rows, cols / 32] mean 2^(s - 127) for their 32 values. */
 #include <string.h>
 
-#include "avx2.h"
+#include "avx512.h"
 #include "experts.h"
 
 static const float E2M1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
@@ -100,11 +100,97 @@ static AVX2 void vector_tile(const struct matrix *m, int64_t first, int64_t coun
         }
     }
 }
+
+/* A block's 16 bytes, spread so that dword d holds byte d / 2 in its low byte and byte 8 + d / 2 in the next;
+ * shifted right by 4 (d % 2) bits, its low nibble is code d and its bits 8-11 code 16 + d. */
+#define SPREAD(d) (d) / 2, 8 + (d) / 2, 0, 0
+static const uint8_t SPREAD_BYTES[64] = {SPREAD(0),  SPREAD(1),  SPREAD(2),  SPREAD(3),  SPREAD(4),  SPREAD(5),
+                                         SPREAD(6),  SPREAD(7),  SPREAD(8),  SPREAD(9),  SPREAD(10), SPREAD(11),
+                                         SPREAD(12), SPREAD(13), SPREAD(14), SPREAD(15)};
+static const int32_t NIBBLE_SHIFTS[16] = {0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4};
+
+/* The 32 e2m1 values of one block, in order, as 2 vectors: vpermps looks each code up in E2M1 (it reads an index's
+ * low 4 bits only). */
+INLINE AVX512 void decode_group_wide(const uint8_t *block, __m512i spread, __m512i shifts, __m512 table, __m512 *w) {
+    const __m512i bytes = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)block));
+    const __m512i codes = _mm512_srlv_epi32(_mm512_permutexvar_epi8(spread, bytes), shifts);
+    w[0] = _mm512_permutexvar_ps(codes, table);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(codes, 8), table);
+}
+
+/* group_scale of `count` scale bytes, 16 at a time */
+INLINE AVX512 void group_scales_wide(const uint8_t *scales, int64_t count, float *out) {
+    for (int64_t k = 0; k < count; k += 16) {
+        const __mmask16 mask = count - k >= 16 ? 0xFFFF : (__mmask16)((1u << (count - k)) - 1);
+        const __m512i s = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(mask, scales + k));
+        const __m512i bits = _mm512_mask_mov_epi32(_mm512_slli_epi32(s, 23), _mm512_cmpeq_epi32_mask(s, _mm512_setzero_si512()),
+                                                   _mm512_set1_epi32(0x00400000));
+        _mm512_mask_storeu_ps(out + k, mask, _mm512_castsi512_ps(bits));
+    }
+}
+
+/* One block's 32 products into chain `chain`; as on AVX2, one or two inputs scale their sums, more scale the
+ * weights. */
+INLINE AVX512 void add_group_wide(struct wide_accumulators *a, const __m512 *w, __m512 s, const float *const *x,
+                                  int64_t k, const int chain, const int n) {
+    if (n <= 2) {
+        for (int i = 0; i < n; i++) {
+            const __m512 part = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x[i] + k + 16),
+                                                _mm512_mul_ps(w[0], _mm512_loadu_ps(x[i] + k)));
+            a->v[i][chain] = _mm512_fmadd_ps(part, s, a->v[i][chain]);
+        }
+    } else {
+        const __m512 scaled[2] = {_mm512_mul_ps(w[0], s), _mm512_mul_ps(w[1], s)};
+        multiply_add_wide(a, scaled, 2, x, k, n);
+    }
+}
+
+#define SCALES_AT_ONCE 128
+
+INLINE AVX512 void wide_row(const uint8_t *blocks, const uint8_t *scales, int64_t groups, const float *const *x,
+                            float *y, const int n) {
+    const __m512i spread = _mm512_loadu_si512(SPREAD_BYTES), shifts = _mm512_loadu_si512(NIBBLE_SHIFTS);
+    const __m512 table = _mm512_loadu_ps(E2M1);
+    struct wide_accumulators a;
+    clear_wide(&a, n);
+    float scale[SCALES_AT_ONCE];
+    for (int64_t g0 = 0; g0 < groups; g0 += SCALES_AT_ONCE) {
+        const int64_t g1 = g0 + SCALES_AT_ONCE < groups ? g0 + SCALES_AT_ONCE : groups;
+        group_scales_wide(scales + g0, g1 - g0, scale);
+        int64_t g = g0;
+        for (; g + 2 <= g1; g += 2) {
+            __m512 w[2];
+            decode_group_wide(blocks + 16 * g, spread, shifts, table, w);
+            add_group_wide(&a, w, _mm512_set1_ps(scale[g - g0]), x, 32 * g, 0, n);
+            decode_group_wide(blocks + 16 * (g + 1), spread, shifts, table, w);
+            add_group_wide(&a, w, _mm512_set1_ps(scale[g + 1 - g0]), x, 32 * (g + 1), 1, n);
+        }
+        if (g < g1) {
+            __m512 w[2];
+            decode_group_wide(blocks + 16 * g, spread, shifts, table, w);
+            add_group_wide(&a, w, _mm512_set1_ps(scale[g - g0]), x, 32 * g, 0, n);
+        }
+    }
+    for (int i = 0; i < n; i++) y[i * TILE_ROWS] = total_wide(&a, i);
+}
+
+static AVX512 void wide_tile(const struct matrix *m, int64_t first, int64_t count, const float *const *x, int n,
+                             float *y) {
+    const int64_t groups = m->cols / 32;
+    for (int64_t r = 0; r < count; r++) {
+        const uint8_t *blocks = m->weight + (first + r) * groups * 16, *scales = m->scale + (first + r) * groups;
+        WITH_CONSTANT_TOKENS(n, wide_row, blocks, scales, groups, x, y + r)
+    }
+}
 #endif
 
 void mxfp4_tile(const struct matrix *m, int64_t first, int64_t count, const float *const *x, int n, float *y) {
 #ifdef VECTORIZED
-    if (has_avx2()) {
+    if (vectors() == VECTORS_AVX512) {
+        wide_tile(m, first, count, x, n, y);
+        return;
+    }
+    if (vectors() == VECTORS_AVX2) {
         vector_tile(m, first, count, x, n, y);
         return;
     }
