@@ -6,12 +6,14 @@ on the GPU machine: `python -m pytest tests/engine/test_cpu_tier_cuda.py`."""
 import pytest
 import torch
 
+from app.engine.loader import load_model
 from app.engine.runner.cuda_graph import DecodeGraph
 from app.engine.runner.step_runner import StepRunner
 from app.kernels.cpu import library
 from app.kernels.cpu_share import DONE
+from app.model_folder import ModelFolder
 from tests.engine.greedy import greedy_with_stats
-from tests.engine.test_device_misses_cuda import NEW, PROMPT, offloaded
+from tests.engine.test_device_misses_cuda import NEW, PROMPT
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.skipif(library.library() is None, reason="the CPU kernels are not built")]
@@ -20,6 +22,14 @@ pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a 
 @pytest.fixture(params=["gpt_oss", "glm4_moe_fp8", "glm_moe_dsa_fp8"])
 def model(request, tiny_gpt_oss, tiny_glm):
     return tiny_gpt_oss if request.param == "gpt_oss" else tiny_glm(request.param)
+
+
+def offloaded(folder, slots: int, cpu_threads: int = 0):
+    """The model with `slots` expert slots on the GPU, misses served on the device (sizes as the GPU loads them)."""
+    probe = load_model(ModelFolder.open(folder), device="cuda", dtype="float32", context=64).placement
+    budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + slots * probe.expert_bytes
+    return load_model(ModelFolder.open(folder), device="cuda", dtype="float32", context=64, gpu_budget=budget,
+                      misses_on_device=True, cpu_threads=cpu_threads)
 
 
 @pytest.mark.parametrize("threads", [1, 4])
