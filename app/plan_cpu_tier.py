@@ -37,19 +37,19 @@ class CpuExpertRates:
         return expert_bytes / self.bytes_per_s(threads) * self.step_slowdown
 
 
-# The C kernel alone (bench/results/cpu-expert-rate-h200-2026-12-01.json: the H200 host, 16 cores, one token, experts
-# not in the caches), for gpt-oss-20b's MXFP4 experts as the host store holds them. The tier's own measurement at load,
-# through its serving thread (bench/results/decode-gpt-oss-20b-2026-12-02-cpu-tier-graphs.json, 15 threads, the 10 %
-# runs, steps in CUDA graphs): a call 0.203 ms, an expert 0.359 ms, where the kernel alone takes 0.4255 ms at 15
-# threads (its rate between 14 and 16). The planner prices the step with the tier's figures: it scales the kernel's
-# rates by their ratio and takes the call's cost. Its split then gives the CPU the experts per token the engine's gave
-# there (23.7 under uniform routing). Replace the figures as the kernel and the tier change (bench/cpu_expert_rate.py,
-# bench/decode_gpt_oss.py --cpu-threads).
+# The C kernel alone (bench/results/cpu-expert-rate-h200-2026-12-02-avx512.json: the H200 host, 16 cores, its AVX-512
+# tile, one token, experts not in the caches), for gpt-oss-20b's MXFP4 experts as the host store holds them. The
+# tier's own measurement at load, through its team of threads (bench/results/decode-gpt-oss-20b-2026-12-02-cpu-tier-
+# avx512.json, 15 threads, steps in CUDA graphs; the mean of its 10 % and 25 % runs): a call 0.077 ms, an expert
+# 0.2035 ms, where the kernel alone takes 0.225 ms at 15 threads. The planner prices the step with the tier's figures:
+# it scales the kernel's rates by their ratio and takes the call's cost. Its split then gives the CPU about the experts
+# per token the engine's gave there (tests/test_plan_cpu_tier.py). Replace the figures as the kernel and the tier
+# change (bench/cpu_expert_rate.py, bench/decode_gpt_oss.py --cpu-threads).
 HOST_CPU_EXPERTS = CpuExpertRates(
     expert_bytes=13_253_760,
-    expert_s_by_threads=((1, 4.58e-3), (8, 0.659e-3), (12, 0.464e-3), (14, 0.457e-3), (16, 0.398e-3)),
-    step_slowdown=0.359 / 0.4255,
-    call_s=0.203e-3,
+    expert_s_by_threads=((8, 0.354e-3), (12, 0.246e-3), (15, 0.225e-3), (16, 0.199e-3)),
+    step_slowdown=0.2035 / 0.225,
+    call_s=0.077e-3,
 )
 
 

@@ -19,7 +19,8 @@ RAM_NAME = "RAM budget"
 CPU_RAM_NAME = "RAM expert store"  # without a GPU both budgets are RAM: this one is the experts' store
 CPU_THREADS_NAME = "CPU threads for experts"
 CPU_THREADS_TIP = ("Cores that compute part of the experts the GPU misses while it fetches the others (0: off). "
-                   "Experimental: measured faster so far only where the GPU holds few of the experts.")
+                   "They take a share only where that is quicker than fetching; while the model answers they keep "
+                   "those cores busy.")
 
 
 def _speed(tok_s: float) -> str:

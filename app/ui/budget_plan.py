@@ -17,6 +17,7 @@ CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_CONTEXT = 4096
 DEFAULT_GPU_SHARE = 0.9  # of the device's memory: the desktop and the CUDA context need some
 DEFAULT_RAM_SHARE = 0.75  # of the machine's RAM, when the experts do not fit in less
+AUTOMATIC_TIER_GAIN = 1.1  # the predicted speed-up for which the CPU threads start on until the user chooses
 # With speculation the device slider ends at this many times the target's whole plan: a drafter (DFlash, or
 # GLM's MTP layer) with its cache is smaller than its target, so the pair fits below it
 SPECULATION_ROOM = 2
@@ -49,7 +50,8 @@ class BudgetPlan:
     """The plan for one model folder on this machine (asked of `machine` when the first model is opened):
     a budget for the device (the first GPU, or RAM without one), one for each further GPU (0: left out)
     and one for the host's expert store, with the context, whether the load speculates and how many cores
-    compute experts beside the GPU (`cpu_threads`, kept from model to model). `placement`, `gpus`,
+    compute experts beside the GPU (`cpu_threads`: the count chosen, kept from model to model, or until one is
+    chosen every core but one wherever the plan predicts them faster, else none). `placement`, `gpus`,
     `prediction` and `prediction_without_tier` (no CPU threads) follow every change; `refusal` says why the
     budgets cannot run, if they cannot."""
 
@@ -68,8 +70,7 @@ class BudgetPlan:
         self.prediction: Prediction | None = None
         self.prediction_without_tier: Prediction | None = None
         self.refusal: str | None = None
-        # off by default: on the H200 the tier was faster at 10 % of the experts on the GPU (1.2x), not yet at 25 %
-        # (bench/NOTES.md)
+        self.chosen_cpu_threads: int | None = None  # None: as `automatic_cpu_threads` decides
         self.cpu_threads = 0
 
     @property
@@ -182,7 +183,7 @@ class BudgetPlan:
         self.replan()
 
     def choose_cpu_threads(self, threads: int) -> None:
-        self.cpu_threads = max(0, min(threads, self.cpu_threads_max))
+        self.chosen_cpu_threads = max(0, min(threads, self.cpu_threads_max))
         self.replan()
 
     def place(self, request: LoadModel) -> None:
@@ -214,8 +215,19 @@ class BudgetPlan:
             self.refusal = self.machine.in_words(str(error))
             return
         predict = [self.facts, self.placement, self.gpus, self._dtype_bytes, self.machine.hardware]
-        self.prediction = predict_gpus(*predict, cpu_threads=self.cpu_threads)
         self.prediction_without_tier = predict_gpus(*predict)
+        if self.chosen_cpu_threads is None:
+            self.cpu_threads = self.automatic_cpu_threads(predict_gpus(*predict, cpu_threads=self.cpu_threads_max))
+        else:
+            self.cpu_threads = self.chosen_cpu_threads
+        self.prediction = predict_gpus(*predict, cpu_threads=self.cpu_threads)
+
+    def automatic_cpu_threads(self, with_every_core: Prediction) -> int:
+        """Every core but one where they are predicted at least AUTOMATIC_TIER_GAIN faster than none, else none:
+        on the H200 the tier decoded 1.5-1.7x faster at 10 % and 25 % of the experts on the GPU (bench/NOTES.md),
+        and where it would gain little it is not worth the busy cores."""
+        without = self.prediction_without_tier
+        return self.cpu_threads_max if with_every_core.tok_s_low >= AUTOMATIC_TIER_GAIN * without.tok_s_low else 0
 
     def _bound(self) -> None:
         """The device budget ends where the machine ends or where everything fits (for this context); with

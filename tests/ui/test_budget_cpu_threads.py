@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from app.plan_gpus import predict_gpus
 from app.protocol.events import Loaded
 from app.ui.budget import CPU_THREADS_TIP
-from app.ui.budget_plan import STEPS
+from app.ui.budget_plan import AUTOMATIC_TIER_GAIN, STEPS
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
 from tests.ui.test_engine_client import INFO, StandInEngine
@@ -29,18 +29,34 @@ def offloaded(budget):
 def test_the_control_is_there_beside_a_gpu_up_to_every_core_but_one(panel, gpt_oss_20b):
     budget = panel(RTX_4090, gpt_oss_20b)
     assert budget.form.isRowVisible(budget.cpu_threads) and budget.cpu_threads.maximum() == 15
-    assert budget.cpu_threads.value() == 0 and budget.cpu_threads.text() == "off"  # off until asked for
+    assert budget.cpu_threads.value() == 0  # every expert on the GPU: nothing to gain
     without_gpu = panel(NO_GPU, gpt_oss_20b)
     assert not without_gpu.form.isRowVisible(without_gpu.cpu_threads) and without_gpu.plan.cpu_threads_max == 0
     one_core = offloaded(panel(replace(RTX_4090, cores=1), gpt_oss_20b))
     assert not one_core.cpu_threads.isEnabled() and "no core to spare" in one_core.cpu_threads.toolTip()
 
 
+def test_until_chosen_the_threads_are_on_only_where_the_plan_predicts_them_worth_their_cores(panel, gpt_oss_20b):
+    budget = panel(RTX_4090, gpt_oss_20b)
+    plan = budget.plan
+    budget.gpu_slider.setValue(STEPS * 8 // 10)  # most experts on the GPU: few misses to share
+    assert plan.cpu_tier_idle is None and plan.cpu_threads == 0 and budget.cpu_threads.value() == 0
+    with_every_core = predict_gpus(plan.facts, plan.placement, plan.gpus, 2, RTX_4090.hardware, cpu_threads=15)
+    assert plan.prediction_without_tier.tok_s_low < with_every_core.tok_s_low < \
+        AUTOMATIC_TIER_GAIN * plan.prediction_without_tier.tok_s_low
+    offloaded(budget)
+    assert plan.cpu_threads == 15 and budget.cpu_threads.value() == 15
+
+
 def test_more_threads_change_the_predicted_speed_and_the_cpus_experts(panel, gpt_oss_20b, qtbot):
     budget = offloaded(panel(RTX_4090, gpt_oss_20b))
     plan = budget.plan
-    off = plan.prediction
     assert budget.cpu_threads.isEnabled() and budget.cpu_threads.toolTip() == CPU_THREADS_TIP
+    assert plan.cpu_threads == 15 and plan.load_request().cpu_threads == 15  # predicted faster: on until chosen
+    assert plan.prediction.tok_s_low >= AUTOMATIC_TIER_GAIN * plan.prediction_without_tier.tok_s_low
+    budget.cpu_threads.setValue(0)
+    off = plan.prediction
+    assert budget.cpu_threads.text() == "off" and plan.load_request().cpu_threads == 0
     assert "without the CPU threads" not in budget.speed.text() and "the CPU computes" not in budget.details.text()
     budget.cpu_threads.setFocus()
     for _ in range(12):
@@ -53,6 +69,8 @@ def test_more_threads_change_the_predicted_speed_and_the_cpus_experts(panel, gpt
     assert f"the CPU computes {plan.prediction.cpu_experts_per_token:.1f} experts per token" in budget.details.text()
     budget.cpu_threads.setValue(0)
     assert plan.prediction == off and "without the CPU threads" not in budget.speed.text()
+    budget.gpu_slider.setValue(STEPS // 2)  # chosen, the count stays whatever the budgets
+    assert plan.cpu_threads == 0
 
 
 def test_where_the_threads_would_compute_nothing_they_are_greyed_and_say_why(panel, gpt_oss_20b):
