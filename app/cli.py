@@ -214,7 +214,7 @@ def _run_plan(args) -> int:
     from app.model_folder import ModelFolder
     from app.paths import resolve_model
     from app.plan import ModelFacts, dtype_bytes
-    from app.plan_cpu_tier import cpu_tier_idle
+    from app.plan_cpu_tier import cpu_tier_idle, tier_worth_it
     from app.plan_gpus import plan_budgets, predict_gpus
     from app.sizes import format_size
 
@@ -255,6 +255,11 @@ def _run_plan(args) -> int:
         print(f"{label:<40} {value:>12}")
     if args.cpu_threads and idle:
         print(f"the CPU expert tier computes no experts here: {idle}")
+    suggested = arguments.host_cores() - 1
+    if not args.cpu_threads and idle is None and suggested > 0:
+        with_tier = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware, suggested)
+        if tier_worth_it(with_tier, prediction):
+            print(f"with --cpu-threads {suggested} (the CPU computing part of the misses): {_speeds(with_tier)}")
     return 0
 
 

@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 from app.curves import interpolated
 
 if TYPE_CHECKING:
-    from app.plan import Hardware, ModelFacts, Placement
+    from app.plan import Hardware, ModelFacts, Placement, Prediction
+
+# The predicted speed-up for which the app starts the tier with every core but one until the user chooses a count,
+# and `moechat plan` suggests it: on the H200 the tier decoded 1.5-1.7x faster at 10 % and 25 % of gpt-oss-20b's
+# experts on the GPU (bench/NOTES.md); where it would gain little it is not worth the busy cores.
+TIER_WORTH_IT = 1.1
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,10 @@ def cpu_tier_idle(facts: ModelFacts, placement: Placement, hardware: Hardware, g
     if placement.expert_slots >= facts.total_experts:
         return "every expert is on the GPU: there are no misses to share"
     return None
+
+
+def tier_worth_it(with_tier: Prediction, without: Prediction) -> bool:
+    return with_tier.tok_s_low >= TIER_WORTH_IT * without.tok_s_low
 
 
 def host_cores() -> int:

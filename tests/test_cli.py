@@ -205,7 +205,12 @@ def test_plan_shows_the_cpu_tiers_experts_and_the_speed_with_and_without_it(tmp_
     assert lines["CPU expert tier (14 threads)"] == f"{with_tier.cpu_experts_per_token:.1f} experts/token"
     assert lines["decode without the CPU tier"] == f"{without.tok_s_low:.1f}–{without.tok_s_high:.1f} tok/s"
     code, out, _ = run_cli(capsys, *flags)
-    assert "CPU expert tier" not in out  # asked for none: the plan as before
+    assert "CPU expert tier" not in out  # asked for none: the plan as before, and the tier suggested
+    suggested = predict_gpus(facts, placement, gpus, 2, hardware, cpu_threads=15)
+    assert f"with --cpu-threads 15 (the CPU computing part of the misses): {suggested.tok_s_low:.1f}–" \
+           f"{suggested.tok_s_high:.1f} tok/s" in out
+    code, out, _ = run_cli(capsys, "plan", folder, "--gpu-budget", "20G", "--ram-budget", "0", "--device", "cuda")
+    assert code == 0 and "--cpu-threads" not in out  # every expert on the GPU: nothing to suggest
 
 
 def test_plan_on_the_cpu_says_why_the_tier_computes_nothing(tiny_gpt_oss, capsys):

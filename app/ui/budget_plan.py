@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from app.errors import UserError
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts, Placement, Prediction, dtype_bytes, plan_placement
-from app.plan_cpu_tier import cpu_tier_idle
+from app.plan_cpu_tier import cpu_tier_idle, tier_worth_it
 from app.plan_gpus import expert_workspace, plan_budgets, predict_gpus
 from app.protocol.requests import LoadModel
 from app.ui.hardware import Machine
@@ -17,7 +17,6 @@ CONTEXTS = (2048, 4096, 8192, 16384, 32768, 65536, 131072)
 DEFAULT_CONTEXT = 4096
 DEFAULT_GPU_SHARE = 0.9  # of the device's memory: the desktop and the CUDA context need some
 DEFAULT_RAM_SHARE = 0.75  # of the machine's RAM, when the experts do not fit in less
-AUTOMATIC_TIER_GAIN = 1.1  # the predicted speed-up for which the CPU threads start on until the user chooses
 # With speculation the device slider ends at this many times the target's whole plan: a drafter (DFlash, or
 # GLM's MTP layer) with its cache is smaller than its target, so the pair fits below it
 SPECULATION_ROOM = 2
@@ -223,11 +222,8 @@ class BudgetPlan:
         self.prediction = predict_gpus(*predict, cpu_threads=self.cpu_threads)
 
     def automatic_cpu_threads(self, with_every_core: Prediction) -> int:
-        """Every core but one where they are predicted at least AUTOMATIC_TIER_GAIN faster than none, else none:
-        on the H200 the tier decoded 1.5-1.7x faster at 10 % and 25 % of the experts on the GPU (bench/NOTES.md),
-        and where it would gain little it is not worth the busy cores."""
-        without = self.prediction_without_tier
-        return self.cpu_threads_max if with_every_core.tok_s_low >= AUTOMATIC_TIER_GAIN * without.tok_s_low else 0
+        """Every core but one where the plan predicts them worth it (plan_cpu_tier.TIER_WORTH_IT), else none."""
+        return self.cpu_threads_max if tier_worth_it(with_every_core, self.prediction_without_tier) else 0
 
     def _bound(self) -> None:
         """The device budget ends where the machine ends or where everything fits (for this context); with

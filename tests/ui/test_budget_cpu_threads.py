@@ -7,10 +7,11 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt
 
+from app.plan_cpu_tier import TIER_WORTH_IT
 from app.plan_gpus import predict_gpus
 from app.protocol.events import Loaded
 from app.ui.budget import CPU_THREADS_TIP
-from app.ui.budget_plan import AUTOMATIC_TIER_GAIN, STEPS
+from app.ui.budget_plan import STEPS
 from app.ui.hardware import GIB, Machine
 from app.ui.main_window import MainWindow
 from tests.ui.test_engine_client import INFO, StandInEngine
@@ -43,7 +44,7 @@ def test_until_chosen_the_threads_are_on_only_where_the_plan_predicts_them_worth
     assert plan.cpu_tier_idle is None and plan.cpu_threads == 0 and budget.cpu_threads.value() == 0
     with_every_core = predict_gpus(plan.facts, plan.placement, plan.gpus, 2, RTX_4090.hardware, cpu_threads=15)
     assert plan.prediction_without_tier.tok_s_low < with_every_core.tok_s_low < \
-        AUTOMATIC_TIER_GAIN * plan.prediction_without_tier.tok_s_low
+        TIER_WORTH_IT * plan.prediction_without_tier.tok_s_low
     offloaded(budget)
     assert plan.cpu_threads == 15 and budget.cpu_threads.value() == 15
 
@@ -53,7 +54,7 @@ def test_more_threads_change_the_predicted_speed_and_the_cpus_experts(panel, gpt
     plan = budget.plan
     assert budget.cpu_threads.isEnabled() and budget.cpu_threads.toolTip() == CPU_THREADS_TIP
     assert plan.cpu_threads == 15 and plan.load_request().cpu_threads == 15  # predicted faster: on until chosen
-    assert plan.prediction.tok_s_low >= AUTOMATIC_TIER_GAIN * plan.prediction_without_tier.tok_s_low
+    assert plan.prediction.tok_s_low >= TIER_WORTH_IT * plan.prediction_without_tier.tok_s_low
     budget.cpu_threads.setValue(0)
     off = plan.prediction
     assert budget.cpu_threads.text() == "off" and plan.load_request().cpu_threads == 0
