@@ -102,7 +102,8 @@ static AVX2 void vector_tile(const struct matrix *m, int64_t first, int64_t coun
 }
 
 /* A block's 16 bytes, spread so that dword d holds byte d / 2 in its low byte and byte 8 + d / 2 in the next;
- * shifted right by 4 (d % 2) bits, its low nibble is code d and its bits 8-11 code 16 + d. */
+ * shifted right by 4 * (d % 2) bits, its low nibble is code d and its bits 8-11 code 16 + d. The spread reads
+ * bytes 0-15 only, so the vector's upper bytes may be anything. */
 #define SPREAD(d) (d) / 2, 8 + (d) / 2, 0, 0
 static const uint8_t SPREAD_BYTES[64] = {SPREAD(0),  SPREAD(1),  SPREAD(2),  SPREAD(3),  SPREAD(4),  SPREAD(5),
                                          SPREAD(6),  SPREAD(7),  SPREAD(8),  SPREAD(9),  SPREAD(10), SPREAD(11),
