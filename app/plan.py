@@ -50,6 +50,7 @@ class ModelFacts:
     resident_fp8_weights: int = 0  # elements of the resident weights stored as FP8 that the engine can keep FP8
     resident_fp8_bytes: int = 0  # those weights as stored, their scales included
     fp8_kept: bool = False  # the engine keeps them FP8 (on a GPU: app/engine/layers/linear.py)
+    mxfp4_experts: bool = False  # the routed experts are MXFP4 blocks and scales (gpt-oss as published)
 
     @property
     def total_experts(self) -> int:
@@ -94,10 +95,11 @@ class ModelFacts:
         num_experts = config.get("num_local_experts") or config["n_routed_experts"]
         mtp_prefix = f"model.layers.{num_layers}."
         expert_bytes = expert_weights = resident_weights = mtp_weights = fp8_weights = fp8_bytes = 0
-        moe_layers = set()
+        moe_layers, mxfp4_experts = set(), False
         for info in folder.tensors.values():
             if ROUTED_EXPERT_MARK in info.name:
                 moe_layers.add(int(info.name.split(".")[2]))
+                mxfp4_experts |= info.name.endswith("_blocks")
                 expert_bytes += info.nbytes
                 expert_weights += _dequantized_elements(info)
             elif info.name.startswith(mtp_prefix):
@@ -126,6 +128,7 @@ class ModelFacts:
             resident_fp8_weights=fp8_weights,
             resident_fp8_bytes=fp8_bytes,
             fp8_kept=fp8_kept,
+            mxfp4_experts=mxfp4_experts,
         )
 
 

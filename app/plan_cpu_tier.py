@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from math import comb
 from typing import TYPE_CHECKING
 
+from app.cpu_kernel_build import built_cpu_kernels
 from app.curves import interpolated
 
 if TYPE_CHECKING:
@@ -95,9 +96,14 @@ def expected_share(top_k: int, miss_rate: float, costs: tuple[float, float, floa
 def cpu_tier_idle(facts: ModelFacts, placement: Placement, hardware: Hardware, gpus: int = 1) -> str | None:
     """Why the CPU tier computes no experts under this plan, whose experts `gpus` GPUs hold (`plan_budgets` gives
     no per-GPU placements for one): the engine starts it only where one GPU serves the misses of a cache over every
-    expert in RAM (app/engine/loader.py). None where it shares the misses."""
+    expert in RAM, with CPU kernels for the experts' format (app/engine/loader.py). None where it shares the
+    misses."""
     if hardware.cpu_experts is None:
         return "no GPU: the CPU computes every expert already"
+    if built_cpu_kernels() is None:
+        return "the CPU expert kernels were not built (no C compiler when the package was installed)"
+    if facts.model_type == "gpt_oss" and not facts.mxfp4_experts:
+        return "the CPU kernels compute gpt-oss's experts in MXFP4 only, and this checkpoint's are not"
     if gpus > 1:
         return "the experts are spread over several GPUs"
     if placement.disk_experts:

@@ -117,3 +117,18 @@ def test_where_the_tier_cannot_run_threads_change_nothing(gpt_oss_20b):
     assert spread == predict_gpus(gpt_oss_20b, placement, gpus, 2, H200_MEASURED_RATES)
     one_gpu, _ = plan_budgets(gpt_oss_20b, budget, None, 4096, 2)
     assert predict_gpus(gpt_oss_20b, one_gpu, (), 2, H200_MEASURED_RATES, cpu_threads=8).cpu_experts_per_token > 0
+
+
+def test_without_kernels_for_the_experts_the_tier_is_idle_and_says_why(gpt_oss_20b, tiny_gpt_oss_dense, monkeypatch):
+    from app import plan_cpu_tier
+    from app.model_folder import ModelFolder
+
+    half = placement_with_slots(gpt_oss_20b, gpt_oss_20b.total_experts // 2)
+    assert gpt_oss_20b.mxfp4_experts and cpu_tier_idle(gpt_oss_20b, half, H200_MEASURED_RATES) is None
+    dense = ModelFacts.from_folder(ModelFolder.open(tiny_gpt_oss_dense))
+    assert not dense.mxfp4_experts
+    assert "in MXFP4 only" in cpu_tier_idle(dense, placement_with_slots(dense, 4), H200_MEASURED_RATES)
+    monkeypatch.setattr(plan_cpu_tier, "built_cpu_kernels", lambda: None)
+    assert "were not built" in cpu_tier_idle(gpt_oss_20b, half, H200_MEASURED_RATES)
+    with_threads = predict_decode(gpt_oss_20b, half, 2, H200_MEASURED_RATES, cpu_threads=8)
+    assert with_threads == predict_decode(gpt_oss_20b, half, 2, H200_MEASURED_RATES)

@@ -10,9 +10,10 @@ import ctypes
 import sys
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 
 import torch
+
+from app.cpu_kernel_build import built_cpu_kernels
 
 DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.uint8: 2, torch.float8_e4m3fn: 3}  # enum dtype
 SCALE_LAYOUTS = {None: 0, "per_row": 1, "blocks": 2}  # enum scale_layout
@@ -56,10 +57,10 @@ KERNELS = {"gpt_oss_experts": 0, "glu_experts": 1}  # enum kernel of cpu_share.c
 
 @cache
 def library() -> ctypes.CDLL | None:
-    found = sorted(Path(__file__).parent.glob("_experts.*.so"))
-    if not found:
+    found = built_cpu_kernels()
+    if found is None:
         return None
-    lib = ctypes.CDLL(str(found[0]))
+    lib = ctypes.CDLL(str(found))
     for name, experts in (("gpt_oss_experts", GptOssExperts), ("glu_experts", GluExperts)):
         getattr(lib, name).argtypes = [ctypes.POINTER(Routing), ctypes.POINTER(experts)]
     lib.use_vectors.argtypes = [ctypes.c_int]
