@@ -222,8 +222,9 @@ def _run_plan(args) -> int:
     facts = ModelFacts.from_folder(ModelFolder.open(resolve_model(args.model)), fp8_kept=args.device == "cuda")
     placement, gpus = plan_budgets(facts, args.gpu_budget, args.ram_budget, args.context, dtype_bytes(dtype))
     hardware = _plan_hardware(args)
-    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware, args.cpu_threads)
     without_tier = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware)
+    prediction = predict_gpus(facts, placement, gpus, dtype_bytes(dtype), hardware, args.cpu_threads) \
+        if args.cpu_threads else without_tier
     idle = cpu_tier_idle(facts, placement, hardware, len(gpus))
     if args.json:
         print(json.dumps({**placement.__dict__, "device_bytes": placement.device_bytes,

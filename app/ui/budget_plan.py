@@ -69,7 +69,7 @@ class BudgetPlan:
         self.prediction: Prediction | None = None
         self.prediction_without_tier: Prediction | None = None
         self.refusal: str | None = None
-        self.chosen_cpu_threads: int | None = None  # None: as `automatic_cpu_threads` decides
+        self.chosen_cpu_threads: int | None = None  # None: as `replan` decides
         self.cpu_threads = 0
 
     @property
@@ -214,16 +214,15 @@ class BudgetPlan:
             self.refusal = self.machine.in_words(str(error))
             return
         predict = [self.facts, self.placement, self.gpus, self._dtype_bytes, self.machine.hardware]
-        self.prediction_without_tier = predict_gpus(*predict)
-        if self.chosen_cpu_threads is None:
-            self.cpu_threads = self.automatic_cpu_threads(predict_gpus(*predict, cpu_threads=self.cpu_threads_max))
-        else:
+        self.prediction_without_tier = without = predict_gpus(*predict)
+        if self.chosen_cpu_threads is not None:
             self.cpu_threads = self.chosen_cpu_threads
-        self.prediction = predict_gpus(*predict, cpu_threads=self.cpu_threads)
-
-    def automatic_cpu_threads(self, with_every_core: Prediction) -> int:
-        """Every core but one where the plan predicts them worth it (plan_cpu_tier.TIER_WORTH_IT), else none."""
-        return self.cpu_threads_max if tier_worth_it(with_every_core, self.prediction_without_tier) else 0
+            self.prediction = predict_gpus(*predict, cpu_threads=self.cpu_threads)
+            return
+        # not chosen: every core but one where the plan predicts them worth it (plan_cpu_tier.TIER_WORTH_IT)
+        every_core = predict_gpus(*predict, cpu_threads=self.cpu_threads_max)
+        worth_it = tier_worth_it(every_core, without)
+        self.cpu_threads, self.prediction = (self.cpu_threads_max, every_core) if worth_it else (0, without)
 
     def _bound(self) -> None:
         """The device budget ends where the machine ends or where everything fits (for this context); with

@@ -6,14 +6,12 @@ on the GPU machine: `python -m pytest tests/engine/test_cpu_tier_cuda.py`."""
 import pytest
 import torch
 
-from app.engine.loader import load_model
 from app.engine.runner.cuda_graph import DecodeGraph
 from app.engine.runner.step_runner import StepRunner
 from app.kernels.cpu import library
 from app.kernels.cpu_share import DONE
-from app.model_folder import ModelFolder
 from tests.engine.greedy import greedy_with_stats
-from tests.engine.test_device_misses_cuda import NEW, PROMPT
+from tests.engine.test_device_misses_cuda import NEW, PROMPT, offloaded
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
               pytest.mark.skipif(library.library() is None, reason="the CPU kernels are not built")]
@@ -24,24 +22,16 @@ def model(request, tiny_gpt_oss, tiny_glm):
     return tiny_gpt_oss if request.param == "gpt_oss" else tiny_glm(request.param)
 
 
-def offloaded(folder, slots: int, cpu_threads: int = 0):
-    """The model with `slots` expert slots on the GPU, misses served on the device (sizes as the GPU loads them)."""
-    probe = load_model(ModelFolder.open(folder), device="cuda", dtype="float32", context=64).placement
-    budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + slots * probe.expert_bytes
-    return load_model(ModelFolder.open(folder), device="cuda", dtype="float32", context=64, gpu_budget=budget,
-                      misses_on_device=True, cpu_threads=cpu_threads)
-
-
 @pytest.mark.parametrize("threads", [1, 4])
 def test_graph_steps_with_the_cpu_tier_give_the_tokens_of_steps_without_it(model, threads):
-    with_tier = offloaded(model, 5, cpu_threads=threads)
+    with_tier = offloaded(model, 5, cpu_threads=threads, probe_on="cuda")  # a CPU probe left GLM resident
     tier = with_tier.model.experts.device_misses.cpu_tier
     assert tier is not None and tier.threads == threads and tier.pair_s > 0 and tier.fetch_s > 0
     tier.buffers.costs.copy_(torch.tensor([1.0, 0.0, 1.0]))  # about half of each call's misses on the CPU
     with torch.inference_mode():
         assert isinstance(StepRunner(with_tier.model, 64).program(1), DecodeGraph)
     tokens, stats = greedy_with_stats(with_tier, PROMPT, NEW)
-    expected, _ = greedy_with_stats(offloaded(model, 5), PROMPT, NEW)
+    expected, _ = greedy_with_stats(offloaded(model, 5, probe_on="cuda"), PROMPT, NEW)
     assert tokens == expected
     work = stats.expert_cache
     assert 0 < work.cpu_computed < work.misses

@@ -19,8 +19,10 @@ PROMPT = list(range(40, 60))
 NEW = 24
 
 
-def offloaded(folder, slots: int, on_device: bool = True, cpu_threads: int = 0):
-    probe = load_model(ModelFolder.open(folder), dtype="float32", context=64).placement
+def offloaded(folder, slots: int, on_device: bool = True, cpu_threads: int = 0, probe_on: str = "cpu"):
+    """The model with `slots` expert slots on the GPU, its sizes as a load on `probe_on` plans them (a GPU load can
+    plan a model fully resident where a CPU probe's budget would not)."""
+    probe = load_model(ModelFolder.open(folder), device=probe_on, dtype="float32", context=64).placement
     budget = probe.resident_bytes + probe.kv_cache_bytes + probe.workspace_bytes + slots * probe.expert_bytes
     loaded = load_model(ModelFolder.open(folder), device="cuda", dtype="float32", context=64, gpu_budget=budget,
                         misses_on_device=on_device, cpu_threads=cpu_threads)
