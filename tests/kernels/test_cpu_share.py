@@ -192,7 +192,6 @@ def test_the_measured_costs_come_from_the_serving_thread(tiny_gpt_oss):
     assert not any(t.name == "cpu-experts" and t.is_alive() for t in threading.enumerate())
 
 
-
 @pytest.mark.usefixtures("built_library")
 def test_a_cost_measurement_in_which_more_experts_took_no_longer_than_one_is_taken_again(tiny_glm_fp8, monkeypatch):
     _, tier = with_cpu_tier(tiny_glm_fp8, 3)
