@@ -5,7 +5,9 @@ Tiles by token count (`pick_tiles`), on GLM-4.5-Air's shapes (hidden 4096, q_pro
 - T ≤ 16 (decode, a verify block) is bound by reading the weight: 16 tokens × 32 weight rows × 128 inputs per
   step, and the inputs split over several programs (split-K) until there are about two programs per SM:
   k_proj's 1024 rows make 32 row tiles, too few for 132 SMs reading 4 MB. Split partial sums are float32
-  [split, T, out] added by one torch sum: deterministic, no atomics, a buffer of T × out floats per split.
+  [split, T, out] added by one more launch (`_finish_kernel`), which also applies the epilogues (a launch
+  without splits but with an epilogue writes one float32 share for it): deterministic, no atomics, a buffer of
+  T × out floats per split.
 - T > 16 (prefill chunks) is bound by compute: the same kernel with 64 tokens × 128 rows × 64 inputs, no
   split. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
   and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold; at a 256-token
@@ -43,6 +45,8 @@ def run_fp8_linear(
     scale: torch.Tensor,
     block: tuple[int, int] | None = None,
     tiles: tuple[int, Tiles, int] | None = None,
+    glu: bool = False,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     tokens, in_features = x.shape
     out_features = weight.shape[0]
@@ -66,10 +70,11 @@ def run_fp8_linear(
     steps = triton.cdiv(in_features, step)
     per_split = triton.cdiv(steps, split) * step
     split = triton.cdiv(in_features, per_split)
-    if split == 1:
-        out = torch.empty((tokens, out_features), dtype=x.dtype, device=x.device)
-    else:
+    finish = split > 1 or glu or residual is not None
+    if finish:
         out = torch.empty((split, tokens, out_features), dtype=torch.float32, device=x.device)
+    else:
+        out = torch.empty((tokens, out_features), dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(out_features, weight_tiles.features), triton.cdiv(tokens, block_m), split)
     _fp8_linear_kernel[grid](
         x, weight, scale, out, tokens, out_features, in_features, per_split,
@@ -78,7 +83,26 @@ def run_fp8_linear(
         BLOCK_M=block_m, BLOCK_N=weight_tiles.features, BLOCK_K=step,
         num_warps=weight_tiles.warps, num_stages=weight_tiles.stages,
     )
-    return out if split == 1 else out.sum(dim=0).to(x.dtype)
+    return finish_shares(out, x.dtype, glu, residual) if finish else out
+
+
+FINISH_BLOCK = 1024  # outputs per finishing program
+
+
+def finish_shares(shares: torch.Tensor, dtype: torch.dtype, glu: bool, residual: torch.Tensor | None) -> torch.Tensor:
+    """shares [S, T, N] float32 -> their sum [T, N] (SiLU(gate) * up [T, N / 2] with `glu`), plus residual, in
+    `dtype`."""
+    splits, tokens, features = shares.shape
+    width = features // 2 if glu else features
+    assert not glu or features % 2 == 0, "gate rows then as many up rows"
+    assert residual is None or (residual.shape == (tokens, width) and residual.dtype == dtype)
+    out = torch.empty((tokens, width), dtype=dtype, device=shares.device)
+    residual = residual.contiguous() if residual is not None else None
+    _finish_kernel[(tokens, triton.cdiv(width, FINISH_BLOCK))](
+        shares, out if residual is None else residual, out, splits, tokens, features, width,
+        GLU=glu, HAS_RESIDUAL=residual is not None, BLOCK=FINISH_BLOCK, num_warps=4,
+    )
+    return out
 
 
 @triton.jit
@@ -102,3 +126,23 @@ def _fp8_linear_kernel(
     )
     out_ptrs = out_ptr + (split * tokens + rows[None, :]).to(tl.int64) * n_size + features[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=used[None, :] & row_ok[:, None])
+
+
+@triton.jit
+def _finish_kernel(shares_ptr, residual_ptr, out_ptr, splits, tokens, features, width,
+                   GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = column < width
+    y = tl.zeros((BLOCK,), tl.float32)
+    up = tl.zeros((BLOCK,), tl.float32)
+    for split in range(splits):
+        row = shares_ptr + (split * tokens + token) * features
+        y += tl.load(row + column, mask=inside, other=0.0)
+        if GLU:
+            up += tl.load(row + width + column, mask=inside, other=0.0)
+    if GLU:
+        y = y * tl.sigmoid(y) * up
+    if HAS_RESIDUAL:
+        y += tl.load(residual_ptr + token * width + column, mask=inside, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * width + column, y.to(out_ptr.dtype.element_ty), mask=inside)

@@ -1,5 +1,9 @@
 """Rotary embedding of a pass's queries and keys with its keys and values written into the KV cache.
 
+Beside the rotation the same pass can add the projections' bias (GLM's q/k/v biases) and normalise each query
+and key head (GLM-4.5's q/k RMSNorm), as the layer does before rotating; the rotation may cover only the first
+dims of a head (partial RoPE).
+
 `rotary_cache_write` runs the Triton kernel of rotary_cache_triton.py (one launch for every head of every
 token); `rotary_cache_write_torch` is the reference with the same signature; `rotary_cache_write_op` picks one
 for a device.
@@ -10,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from app.kernels.choice import kernel_or_reference
+from app.kernels.norms import rms_norm
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -24,12 +29,20 @@ def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
 def rotary_cache_write_torch(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     keys: torch.Tensor, values: torch.Tensor,
+    bias: torch.Tensor | None = None, head_norms: torch.Tensor | None = None, eps: float = 0.0,
 ) -> torch.Tensor:
-    """qkv [T, Hq + 2 Hkv, d] (queries, keys, values), cos/sin [T, d/2], positions [T] -> the rotated queries
-    [T, Hq, d]; the rotated keys and the values go to rows `positions` of keys/values [C, Hkv, d]."""
+    """qkv [T, Hq + 2 Hkv, d] (queries, keys, values), cos/sin [T, r/2] (r <= d), positions [T] -> the rotated
+    queries [T, Hq, d]; the rotated keys and the values go to rows `positions` of keys/values [C, Hkv, d].
+    bias [(Hq + 2 Hkv) d] is added first; head_norms [2, d] float32 (the query heads' RMSNorm weight, then the key
+    heads') normalise each query and key head before the rotation."""
     kv_heads = keys.shape[1]
     heads = qkv.shape[1] - 2 * kv_heads
-    rotated = rotate_halves(qkv[:, : heads + kv_heads], cos, sin)  # queries and keys in one pass
+    if bias is not None:
+        qkv = qkv + bias.view(qkv.shape[1:])
+    q, k = qkv[:, :heads], qkv[:, heads : heads + kv_heads]
+    if head_norms is not None:
+        q, k = rms_norm(q, head_norms[0], eps), rms_norm(k, head_norms[1], eps)
+    rotated = rotate_halves(torch.cat((q, k), dim=1), cos, sin)  # queries and keys in one pass
     keys.index_copy_(0, positions, rotated[:, heads:])
     values.index_copy_(0, positions, qkv[:, heads + kv_heads :])
     return rotated[:, :heads]
@@ -38,11 +51,12 @@ def rotary_cache_write_torch(
 def rotary_cache_write(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     keys: torch.Tensor, values: torch.Tensor,
+    bias: torch.Tensor | None = None, head_norms: torch.Tensor | None = None, eps: float = 0.0,
 ) -> torch.Tensor:
     """`rotary_cache_write_torch` in one Triton launch."""
     from app.kernels.rotary_cache_triton import run_rotary_cache_write  # Triton exists on Linux only
 
-    return run_rotary_cache_write(qkv, cos, sin, positions, keys, values)
+    return run_rotary_cache_write(qkv, cos, sin, positions, keys, values, bias, head_norms, eps)
 
 
 def rotary_cache_write_op(device: torch.device) -> Callable[..., torch.Tensor]:

@@ -71,3 +71,22 @@ def test_decode_splits_inputs_until_the_gpu_has_two_programs_per_sm():
     assert pick_tiles(1, 1024, 4096, 132)[2] == 8
     assert pick_tiles(1, 12288, 4096, 132)[2] == 1  # q_proj has 384 row tiles already
     assert pick_tiles(256, 1024, 4096, 132)[2] == 1  # prefill: no split
+
+
+# one share and split-K; the GLU's halves not multiples of the finishing block
+@pytest.mark.parametrize(("tokens", "out", "inputs", "fmt", "tiles"), [
+    (1, 80, 200, "per-channel", None),
+    (3, 64, 96, "block32", (16, Tiles(32, 32), 3)),
+    (2, 72, 160, "per-channel", (16, Tiles(16, 32), 4)),
+])
+@pytest.mark.parametrize(("glu", "with_residual"), [(True, False), (False, True), (True, True)])
+def test_epilogues_match_reference(tokens, out, inputs, fmt, tiles, glu, with_residual):
+    generator = torch.Generator().manual_seed(tokens * 100 + out + glu)
+    weight, scale = random_fp8_linear(out, inputs, fmt, generator)
+    x = torch.randn(tokens, inputs, generator=generator)
+    residual = torch.randn(tokens, out // 2 if glu else out, generator=generator) if with_residual else None
+    with poisoned_allocations():
+        y = fp8_linear(x, weight, scale, FORMATS[fmt], tiles, glu=glu, residual=residual)
+    ref = fp8_linear_torch(x, weight, scale, FORMATS[fmt], glu=glu, residual=residual)
+    assert y.shape == ref.shape == (tokens, out // 2 if glu else out)
+    assert relative_error(y, ref) < 1e-5

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from app.kernels.formats.fp8 import dequantize
-from app.kernels.fp8_linear import fp8_linear_op
+from app.kernels.fp8_linear import epilogue_torch, fp8_linear_op
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 
@@ -39,10 +39,32 @@ def load_linear(
     return dequantize(on_device, block, dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] @ weight [out, in].T (+ bias [out]) -> [..., out] in x's dtype."""
+def linear(
+    x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None,
+    glu: bool = False, residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., in] @ weight [out, in].T (+ bias [out]) -> [..., out] in x's dtype; `glu` (gate rows then up rows:
+    -> SiLU(gate) * up [..., out / 2]) and `residual` (added last) as fp8_linear's epilogues, which an FP8 weight
+    runs in the product's launches."""
     if isinstance(weight, torch.Tensor):
-        return F.linear(x, weight, bias)
-    y = weight.multiply(x.reshape(-1, x.shape[-1]), weight.weight, weight.scale, weight.block)
+        return epilogue_torch(F.linear(x, weight, bias), glu, residual)
+    assert bias is None or not (glu or residual is not None), "a bias comes before the epilogues"
+    flat = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
+    y = weight.multiply(x.reshape(-1, x.shape[-1]), weight.weight, weight.scale, weight.block, glu=glu,
+                        residual=flat)
     y = y.reshape(*x.shape[:-1], y.shape[-1])
     return y if bias is None else y + bias
+
+
+def stacked_rows(weights: list[torch.Tensor | Fp8Weight]) -> torch.Tensor | Fp8Weight | None:
+    """Linear weights [out_i, in] -> one [sum out_i, in] (one product for several: q, k and v; gate and up), or
+    None where block scales would straddle two weights."""
+    if all(isinstance(w, torch.Tensor) for w in weights):
+        return torch.cat(weights)
+    if not all(isinstance(w, Fp8Weight) for w in weights) or len({w.block for w in weights}) != 1:
+        return None
+    block = weights[0].block
+    if block is not None and any(w.weight.shape[0] % block[0] for w in weights[:-1]):
+        return None
+    return Fp8Weight(torch.cat([w.weight for w in weights]), torch.cat([w.scale for w in weights]), block,
+                     weights[0].multiply)

@@ -11,7 +11,7 @@ import torch
 from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import ExpertTensors, Routing
 from app.engine.layers.kv_cache import KVCache
-from app.engine.layers.linear import Fp8Weight, load_linear
+from app.engine.layers.linear import Fp8Weight, linear, load_linear, stacked_rows
 from app.engine.layers.ops import causal_mask, silu_glu
 from app.engine.layers.rope import Rotary
 from app.engine.models.glm_mtp import GlmMtp
@@ -19,7 +19,8 @@ from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
 from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
-from app.kernels.norms import rms_norm
+from app.kernels.norms import add_rms_norm_op, rms_norm
+from app.kernels.sigmoid_router import SigmoidRouting, sigmoid_router_op, sigmoid_router_torch
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,11 @@ class GlmConfig:
         if self.mlp_layer_types:
             return self.mlp_layer_types[index] == "sparse"
         return index >= self.first_k_dense_replace
+
+    @property
+    def routing(self) -> SigmoidRouting:
+        return SigmoidRouting(self.num_experts_per_tok, self.n_group, self.topk_group, self.norm_topk_prob,
+                              self.routed_scaling_factor)
 
     @property
     def rope(self) -> tuple[float, dict | None]:
@@ -111,31 +117,27 @@ def route(x: torch.Tensor, router: torch.Tensor, correction_bias: torch.Tensor, 
           chosen: torch.Tensor | None = None):
     """x [T, H], router [E, H], correction_bias [E] float32 -> (experts [T, k], weights [T, k] in x's dtype);
     given `chosen` [T, k] (routing_override.py), only weights those."""
-    scores = torch.sigmoid(x.float() @ router.T)
-    if chosen is None:
-        choice = scores + correction_bias
-        if config.n_group > 1:
-            per_group = choice.unflatten(-1, (config.n_group, -1))  # [T, G, E / G]
-            group_scores = per_group.topk(2, dim=-1).values.sum(dim=-1)
-            kept = torch.zeros_like(group_scores, dtype=torch.bool)
-            kept.scatter_(1, group_scores.topk(config.topk_group, dim=-1).indices, True)
-            choice = per_group.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
-        chosen = choice.topk(config.num_experts_per_tok, dim=-1).indices
-    weights = scores.gather(1, chosen)
-    if config.norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return chosen, (weights * config.routed_scaling_factor).to(x.dtype)
+    return sigmoid_router_torch(x, router, correction_bias, config.routing, chosen)
 
 
 class DenseMlp:
+    """Gate and up in one product where they stack (SiLU(gate) * up in its epilogue), the residual added in
+    down's."""
+
     def __init__(self, model: "GlmModel", prefix: str, width: int):
         hidden = model.config.hidden_size
-        self.gate = model.weight(prefix + "gate_proj", (width, hidden))
-        self.up = model.weight(prefix + "up_proj", (width, hidden))
+        gate = model.weight(prefix + "gate_proj", (width, hidden))
+        up = model.weight(prefix + "up_proj", (width, hidden))
+        self.gate_up = stacked_rows([gate, up])
+        self.gate, self.up = (gate, up) if self.gate_up is None else (None, None)
         self.down = model.weight(prefix + "down_proj", (hidden, width))
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return silu_glu(x, self.gate, self.up, self.down)
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H] -> the MLP's output [T, H], plus `residual` where given."""
+        if self.gate_up is None:
+            out = silu_glu(x, self.gate, self.up, self.down)
+            return out if residual is None else residual + out
+        return linear(linear(x, self.gate_up, glu=True), self.down, residual=residual)
 
 
 class RoutedMoe:
@@ -155,14 +157,18 @@ class RoutedMoe:
         self.correction_bias = model.tensor(prefix + "gate.e_score_correction_bias", (c.n_routed_experts,),
                                             float32=True)
         self.shared = DenseMlp(model, prefix + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts)
+        self.route = model.route
 
     def choose(self, x: torch.Tensor) -> torch.Tensor:
-        return route(x, self.router, self.correction_bias, self.config)[0]
+        return self.route(x, self.router, self.correction_bias, self.config.routing)[0]
 
     def routing(self, x: torch.Tensor) -> Routing:
         override = self.model.routing_override
-        chosen = None if override is None else override.experts(self.index, len(x))
-        experts, weights = route(x, self.router, self.correction_bias, self.config, chosen)
+        if override is None:
+            experts, weights = self.route(x, self.router, self.correction_bias, self.config.routing)
+        else:
+            chosen = override.experts(self.index, len(x))
+            experts, weights = route(x, self.router, self.correction_bias, self.config, chosen)
         predictions = {
             later: self.moe_layers[later].choose(x)
             for later in self.experts.lookahead_layers(self.index, len(x))
@@ -182,6 +188,7 @@ class GlmLayer:
         c = model.config
         prefix = f"model.layers.{index}."
         self.eps = c.rms_norm_eps
+        self.add_norm = model.add_norm
         self.input_norm = model.tensor(prefix + "input_layernorm.weight", (c.hidden_size,), float32=True)
         self.post_norm = model.tensor(prefix + "post_attention_layernorm.weight", (c.hidden_size,), float32=True)
         self.attention = model.attention(index, cache_layer)
@@ -192,15 +199,17 @@ class GlmLayer:
         self.mlp = self.moe.shared if self.moe is not None else DenseMlp(model, prefix + "mlp.", c.intermediate_size)
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        return self.with_routed_experts(*self.until_routed(x + self.attention(rms_norm(x, self.input_norm, self.eps),
-                                                                              step, cache)))
+        attended = self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
+        return self.with_routed_experts(*self.until_routed(x, attended))
 
     def with_routed_experts(self, residual: torch.Tensor, routing: Routing | None) -> torch.Tensor:
         return residual if routing is None else residual + self.moe.routed(routing)
 
-    def until_routed(self, x: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        normed = rms_norm(x, self.post_norm, self.eps)
-        return x + self.mlp(normed), (self.moe.routing(normed) if self.moe is not None else None)
+    def until_routed(self, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
+        """x [T, H] before attention, attended [T, H] -> (x + attended + the MLP beside the routed experts,
+        routing)."""
+        x, normed = self.add_norm(x, attended, self.post_norm, self.eps)
+        return self.mlp(normed, residual=x), (self.moe.routing(normed) if self.moe is not None else None)
 
 
 class GlmModel(MoeDecoder):
@@ -216,6 +225,9 @@ class GlmModel(MoeDecoder):
         self.device = next(iter(experts.arenas.values())).device
         self.dtype = dtype
         self.run_experts = glu_expert_op(self.device, checkpoint.folder.quantization.fp8_block)
+        # fused kernels where Triton runs, their torch references elsewhere: fewer launches per decode step
+        self.add_norm = add_rms_norm_op(self.device)
+        self.route = sigmoid_router_op(self.device)
         self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
         vocab, hidden = c.vocab_size, c.hidden_size
         self.embed = self.tensor("model.embed_tokens.weight", (vocab, hidden))
@@ -255,14 +267,16 @@ class GlmModel(MoeDecoder):
 
     def input_norm(self, index: int, x: torch.Tensor,
                    expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x if expert_output is None else x + expert_output
-        return x, rms_norm(x, self.layers[index].input_norm, self.config.rms_norm_eps)
+        weight = self.layers[index].input_norm
+        if expert_output is None:
+            return x, rms_norm(x, weight, self.config.rms_norm_eps)
+        return self.add_norm(x, expert_output, weight, self.config.rms_norm_eps)
 
     def attend(self, index: int, normed: torch.Tensor, context: Step, cache: KVCache) -> torch.Tensor:
         return self.layers[index].attention(normed, context, cache)
 
     def until_routed(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        return self.layers[index].until_routed(x + attended)
+        return self.layers[index].until_routed(x, attended)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         return self.layers[index].moe.routed(routing)

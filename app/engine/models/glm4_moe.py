@@ -7,11 +7,12 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.layers.kv_cache import KVCache
-from app.engine.layers.linear import Fp8Weight, linear
+from app.engine.layers.linear import linear, stacked_rows
 from app.engine.layers.ops import attend
 from app.engine.models.glm import GlmConfig, GlmModel, Step
-from app.kernels.norms import rms_norm
-from app.kernels.rotary_cache import rotate_halves
+from app.kernels.choice import triton_runs
+from app.kernels.decode_attention import decode_attention
+from app.kernels.rotary_cache import rotary_cache_write_op
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Glm4MoeConfig(GlmConfig):
 
 
 class GroupedQueryAttention:
+    """q, k and v in one product; their biases, the q/k norms, the rotation and the cache write in one kernel
+    (rotary_cache.py); one query over the cache in the decode attention kernel where Triton runs."""
+
     def __init__(self, model: "Glm4Moe", index: int, cache_layer: int):
         c = model.config
         prefix = f"model.layers.{index}.self_attn."
@@ -40,32 +44,37 @@ class GroupedQueryAttention:
             c.num_attention_heads, c.num_key_value_heads, c.attention_head_dim, c.hidden_size
         )
         self.cache_layer = cache_layer
-        self.shape, self.kv_shape = (heads, head_dim), (kv_heads, head_dim)
+        self.heads = (heads + 2 * kv_heads, head_dim)
         self.eps = c.rms_norm_eps
         self.scale = head_dim**-0.5
-
-        def projection(name: str, out: int) -> tuple[torch.Tensor | Fp8Weight, torch.Tensor | None]:
-            bias = model.tensor(prefix + name + ".bias", (out,)) if c.attention_bias else None
-            return model.weight(prefix + name, (out, hidden)), bias
-
-        def norm(name: str) -> torch.Tensor | None:
-            return model.tensor(prefix + name, (head_dim,), float32=True) if c.use_qk_norm else None
-
-        self.q, self.q_bias = projection("q_proj", heads * head_dim)
-        self.k, self.k_bias = projection("k_proj", kv_heads * head_dim)
-        self.v, self.v_bias = projection("v_proj", kv_heads * head_dim)
+        sizes = {"q_proj": heads * head_dim, "k_proj": kv_heads * head_dim, "v_proj": kv_heads * head_dim}
+        projections = [model.weight(prefix + name, (out, hidden)) for name, out in sizes.items()]
+        self.qkv = stacked_rows(projections)
+        self.projections = projections if self.qkv is None else None  # block scales that do not stack
+        self.qkv_bias = torch.cat([
+            model.tensor(prefix + name + ".bias", (out,)) for name, out in sizes.items()
+        ]) if c.attention_bias else None
+        self.head_norms = torch.stack([
+            model.tensor(prefix + name, (head_dim,), float32=True) for name in ("q_norm.weight", "k_norm.weight")
+        ]) if c.use_qk_norm else None
         self.o = model.weight(prefix + "o_proj", (hidden, heads * head_dim))
-        self.q_norm, self.k_norm = norm("q_norm.weight"), norm("k_norm.weight")
+        self.rotary_write = rotary_cache_write_op(model.device)
+        self.decode_attention = decode_attention if triton_runs(model.device) else None
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        q = linear(x, self.q, self.q_bias).unflatten(-1, self.shape)
-        k = linear(x, self.k, self.k_bias).unflatten(-1, self.kv_shape)
-        v = linear(x, self.v, self.v_bias).unflatten(-1, self.kv_shape)
-        if self.q_norm is not None:
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
-        q, k = rotate_halves(q, step.cos, step.sin), rotate_halves(k, step.cos, step.sin)
-        keys, values = cache.update(self.cache_layer, "k", k), cache.update(self.cache_layer, "v", v)
-        return linear(attend(q, keys, values, step.visible, self.scale).flatten(-2), self.o)
+        if self.qkv is not None:
+            qkv = linear(x, self.qkv)
+        else:
+            qkv = torch.cat([linear(x, weight) for weight in self.projections], dim=-1)
+        keys, values = cache.layer_rows(self.cache_layer, "k"), cache.layer_rows(self.cache_layer, "v")
+        q = self.rotary_write(qkv.unflatten(-1, self.heads), step.cos, step.sin, step.positions, keys, values,
+                              self.qkv_bias, self.head_norms, self.eps)
+        if len(x) == 1 and self.decode_attention is not None:
+            out = self.decode_attention(q, keys, values, step.positions, self.scale, None, None)
+        else:
+            rows = cache.num_rows(len(x))
+            out = attend(q, keys[:rows], values[:rows], step.visible, self.scale)
+        return linear(out.flatten(-2), self.o)
 
 
 class Glm4Moe(GlmModel):

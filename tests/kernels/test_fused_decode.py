@@ -1,11 +1,14 @@
-"""The GPT-OSS decode step on the fused kernels (add + norm, rotary + KV write, router, decode attention,
-resident slots, experts) against the same model on its torch path: tiny checkpoint, float32, in Triton's
-interpreter (see conftest.py), so the wiring of the kernels into the model runs in CI."""
+"""The decode step on the fused kernels (add + norm, rotary + KV write, routers, decode attention, resident
+slots, experts) against the same model on its torch path: tiny checkpoints, float32, in Triton's interpreter (see
+conftest.py), so the wiring of the kernels into the models runs in CI. GPT-OSS, and GLM's grouped-query models:
+GLM-4.5-Air's layout (q/k/v biases, partial rotary; grouped routing here) and GLM-4.5-FP8's (q/k norms)."""
 
+import pytest
 import torch
 
 from app.engine.loader import load_model
 from app.model_folder import ModelFolder
+from tests.fixtures.tiny_glm import write_tiny_glm
 
 PROMPT = list(range(40, 46))
 
@@ -23,10 +26,16 @@ def greedy_logits(folder, steps: int) -> tuple[list[int], torch.Tensor]:
     return tokens, torch.stack(logits)
 
 
-def test_fused_decode_steps_match_the_torch_path(tiny_gpt_oss, monkeypatch):
-    fused_tokens, fused = greedy_logits(tiny_gpt_oss, 3)
+@pytest.fixture(scope="module", params=["gpt_oss", "glm4_moe", "glm4_moe_fp8"])
+def checkpoint(request, tiny_gpt_oss, tmp_path_factory):
+    if request.param == "gpt_oss":
+        return tiny_gpt_oss
+    return write_tiny_glm(tmp_path_factory.mktemp(request.param), request.param, mtp=False)
+
+
+def test_fused_decode_steps_match_the_torch_path(checkpoint, monkeypatch):
+    fused_tokens, fused = greedy_logits(checkpoint, 3)
     monkeypatch.delenv("TRITON_INTERPRET")  # the ops pick their torch references now
-    torch_tokens, reference = greedy_logits(tiny_gpt_oss, 3)
+    torch_tokens, reference = greedy_logits(checkpoint, 3)
     assert fused_tokens == torch_tokens
     torch.testing.assert_close(fused, reference, rtol=1e-4, atol=1e-4)
-
