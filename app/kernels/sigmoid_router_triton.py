@@ -2,7 +2,8 @@
 tokens) programs over (block of experts, share of the inputs) each read their piece of the float32 weight once
 and write partial sums for every token (GLM-4.5-Air's 2 MB router in 128 programs; one program per token
 would read it through one SM); longer passes take cuBLAS's product as one share. The choice: one program per
-token sums the shares and picks, in float32, with the experts laid out as [groups, experts per group]."""
+token on one warp (its many small reductions stay within the warp) sums the shares and picks, in float32, with
+the experts laid out as [groups, experts per group]."""
 
 import torch
 import triton
@@ -37,7 +38,7 @@ def run_sigmoid_router(
         shares, correction_bias.contiguous(), picked, weights, tokens, shares.shape[0], routing.scale,
         K=routing.k, BLOCK_K=triton.next_power_of_2(routing.k), GROUPS=routing.groups,
         BLOCK_GROUPS=triton.next_power_of_2(routing.groups), KEPT_GROUPS=routing.kept_groups, PER_GROUP=per_group,
-        BLOCK_PER_GROUP=triton.next_power_of_2(per_group), NORMALIZE=routing.normalize, num_warps=4,
+        BLOCK_PER_GROUP=triton.next_power_of_2(per_group), NORMALIZE=routing.normalize, num_warps=1,
     )
     return picked, weights
 
