@@ -7,8 +7,9 @@ rows are gate rows then up rows: -> SiLU(gate) * up [T, out / 2], a SiLU-gated M
 `residual` [T, out] (added to the product: a residual stream's add). `fp8_linear_torch` is the reference,
 `fp8_linear` the Triton kernel, `fp8_linear_op` picks one for a device.
 
-The kernel is the expert kernels' matmul (glu_experts_triton.py) for one weight: weights are the M side of
-each product (out^T = W @ x^T), so the token side of a tile is 16 at decode; FP8 weights are converted in
+One token is a matrix-vector product on CUDA cores (rows_times_vector_triton.py). More tokens run the expert
+kernels' matmul (glu_experts_triton.py) for one weight: weights are the M side of each product
+(out^T = W @ x^T), so the token side of a tile is 16 for a verify block; FP8 weights are converted in
 registers (to float16 with 16-bit activations, one instruction per two weights; float32 in the interpreter,
 whose bf16 tl.dot is wrong); a per-channel scale multiplies the float32 sums once, a block scale once per
 step (a step never straddles a block column); the sums stay float32 until the store.

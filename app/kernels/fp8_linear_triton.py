@@ -1,8 +1,10 @@
 """The Triton kernel of fp8_linear.py: x [T, in] @ dequant(weight [out, in]).T.
 
-Tiles by token count (`pick_tiles`), on GLM-4.5-Air's shapes (hidden 4096, q_proj 12288 × 4096, k/v 1024 ×
-4096, o_proj 4096 × 12288, dense MLP 10944, shared expert 1408):
-- T ≤ 16 (decode, a verify block) is bound by reading the weight: 16 tokens × 32 weight rows × 128 inputs per
+One token (decode) goes to `run_one_token`: rows times one vector on CUDA cores (rows_times_vector_triton.py),
+a few rows a program (`one_token_tiles`), the epilogues in the same launch. More tokens get tiles by count
+(`pick_tiles`), on GLM-4.5-Air's shapes (hidden 4096, q_proj 12288 × 4096, k/v 1024 × 4096, o_proj 4096 × 12288,
+dense MLP 10944, shared expert 1408):
+- 1 < T ≤ 16 (a verify block) is bound by reading the weight: 16 tokens × 32 weight rows × 128 inputs per
   step, and the inputs split over several programs (split-K) until there are about two programs per SM:
   k_proj's 1024 rows make 32 row tiles, too few for 132 SMs reading 4 MB. Split partial sums are float32
   [split, T, out] added by one more launch (`_finish_kernel`), which also applies the epilogues (a launch
@@ -22,6 +24,7 @@ import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
 from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
+from app.kernels.rows_times_vector_triton import RowTiles, row_scales, rows_times_vector
 
 DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
 PROGRAMS_PER_SM = 2
@@ -49,17 +52,10 @@ def run_fp8_linear(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     tokens, in_features = x.shape
+    if tokens == 1 and tiles is None:
+        return run_one_token(x, weight, scale, block, glu, residual)
+    projection = _projection(weight, scale, block, in_features)
     out_features = weight.shape[0]
-    assert weight.dtype == torch.float8_e4m3fn and weight.shape == (out_features, in_features), weight.shape
-    assert weight.is_contiguous() and scale.is_contiguous(), "an FP8 weight and its scale must be contiguous"
-    if block is None:
-        assert scale.shape == (out_features, 1), f"a per-channel scale is [out, 1], not {list(scale.shape)}"
-        projection = Projection(weight, scale, PER_CHANNEL)
-    else:
-        assert block[1] % 16 == 0, "a step of 16 or more inputs must stay inside one block column"
-        expected = (triton.cdiv(out_features, block[0]), triton.cdiv(in_features, block[1]))
-        assert scale.shape == expected, f"block scales are {list(expected)}, not {list(scale.shape)}"
-        projection = Projection(weight, scale, PER_BLOCK, block)
     x = x.contiguous()
     if tiles is None:
         sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
@@ -84,6 +80,56 @@ def run_fp8_linear(
         num_warps=weight_tiles.warps, num_stages=weight_tiles.stages,
     )
     return finish_shares(out, x.dtype, glu, residual) if finish else out
+
+
+def _projection(
+    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, in_features: int
+) -> Projection:
+    out_features = weight.shape[0]
+    assert weight.dtype == torch.float8_e4m3fn and weight.shape == (out_features, in_features), weight.shape
+    assert weight.is_contiguous() and scale.is_contiguous(), "an FP8 weight and its scale must be contiguous"
+    if block is None:
+        assert scale.shape == (out_features, 1), f"a per-channel scale is [out, 1], not {list(scale.shape)}"
+        return Projection(weight, scale, PER_CHANNEL)
+    assert block[1] % 16 == 0, "a step of 16 or more inputs must stay inside one block column"
+    expected = (triton.cdiv(out_features, block[0]), triton.cdiv(in_features, block[1]))
+    assert scale.shape == expected, f"block scales are {list(expected)}, not {list(scale.shape)}"
+    return Projection(weight, scale, PER_BLOCK, block)
+
+
+def one_token_tiles(in_features: int, glu: bool) -> RowTiles:
+    """The fastest tiles of the H200 sweep at GLM-4.5-Air's shapes (bench/NOTES.md): a GLU's gate and up rows on 4
+    warps; else 8 rows folded by 16 up to 4096 inputs, 4 beyond (o_proj's 12288: the unrolled steps' registers)."""
+    if glu:
+        return RowTiles(4, 512, warps=4)
+    return RowTiles(8 if in_features <= 4096 else 4, 512, fold=16)
+
+
+def run_one_token(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int] | None = None,
+    glu: bool = False,
+    residual: torch.Tensor | None = None,
+    tiles: RowTiles | None = None,
+) -> torch.Tensor:
+    """`fp8_linear` of x [1, in] in one launch; `tiles` overrides `one_token_tiles`."""
+    in_features = x.shape[1]
+    projection = _projection(weight, scale, block, in_features)
+    width = weight.shape[0] // 2 if glu else weight.shape[0]
+    assert not glu or weight.shape[0] % 2 == 0, "gate rows then as many up rows"
+    assert residual is None or (residual.shape == (1, width) and residual.dtype == x.dtype)
+    tiles = projection.one_token_tiles(tiles or one_token_tiles(in_features, glu))
+    if glu and projection.kind == PER_BLOCK:  # the up rows in one block row too
+        tiles = tiles.within(width)
+    out = torch.empty((1, width), dtype=x.dtype, device=x.device)
+    _one_token_kernel[(triton.cdiv(width, tiles.rows),)](
+        x.contiguous(), weight, scale, out if residual is None else residual.contiguous(), out, N=width, K=in_features,
+        SCALES=projection.kind, SCALE_ROWS=projection.block[0], SCALE_COLS=projection.block[1],
+        GLU=glu, HAS_RESIDUAL=residual is not None, **tiles.constants(),
+    )
+    return out
 
 
 FINISH_BLOCK = 1024  # outputs per finishing program
@@ -126,6 +172,29 @@ def _fp8_linear_kernel(
     )
     out_ptrs = out_ptr + (split * tokens + rows[None, :]).to(tl.int64) * n_size + features[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=used[None, :] & row_ok[:, None])
+
+
+@triton.jit
+def _one_token_kernel(
+    x_ptr, weight_ptr, scale_ptr, residual_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+):
+    """Program: outputs [first, first + BLOCK_N) of one token; with GLU the rows' gate (rows) and up (rows + N)."""
+    first = tl.program_id(0) * BLOCK_N
+    features = first + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
+    y = rows_times_vector(x_ptr, weight_ptr + rows.to(tl.int64) * K,
+                          row_scales(scale_ptr, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS),
+                          K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+    if GLU:
+        up = rows_times_vector(x_ptr, weight_ptr + (rows + N).to(tl.int64) * K,
+                               row_scales(scale_ptr, rows + N, first + N, K, SCALES, SCALE_ROWS, SCALE_COLS),
+                               K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+        y = y * tl.sigmoid(y) * up
+    if HAS_RESIDUAL:
+        y += tl.load(residual_ptr + features, mask=features < N).to(tl.float32)
+    tl.store(out_ptr + features, y.to(out_ptr.dtype.element_ty), mask=features < N)
 
 
 @triton.jit

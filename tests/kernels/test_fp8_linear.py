@@ -5,7 +5,8 @@ import torch
 
 from app.kernels.expert_tiles import Tiles
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
-from app.kernels.fp8_linear_triton import pick_tiles
+from app.kernels.fp8_linear_triton import pick_tiles, run_one_token
+from app.kernels.rows_times_vector_triton import RowTiles
 from tests.fixtures.tiny_glm import dequantize_reference, quantize_fp8
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_gpt_oss_experts import relative_error
@@ -89,4 +90,27 @@ def test_epilogues_match_reference(tokens, out, inputs, fmt, tiles, glu, with_re
         y = fp8_linear(x, weight, scale, FORMATS[fmt], tiles, glu=glu, residual=residual)
     ref = fp8_linear_torch(x, weight, scale, FORMATS[fmt], glu=glu, residual=residual)
     assert y.shape == ref.shape == (tokens, out // 2 if glu else out)
+    assert relative_error(y, ref) < 1e-5
+
+
+# one token: rows per program and steps that leave tails, folds; block scales cut the rows (a GLU's up rows must share
+# the gate rows' block row: 18 outputs of block128 leave 2 rows a program) and are read once a step (block128: steps
+# of 64) or per input (block32: steps of 64 and 256)
+@pytest.mark.parametrize(("out", "inputs", "fmt", "tiles"), [
+    (40, 200, "per-channel", RowTiles(16, 64, warps=2)),
+    (40, 200, "per-channel", RowTiles(4, 128, fold=16)),
+    (72, 96, "block32", RowTiles(64, 64, fold=8)),
+    (72, 300, "block32", RowTiles(8, 256)),
+    (36, 160, "block128", RowTiles(8, 64, warps=1, fold=4)),
+])
+@pytest.mark.parametrize(("glu", "with_residual"), [(False, False), (True, True)])
+def test_one_token_tiles_match_reference(out, inputs, fmt, tiles, glu, with_residual):
+    generator = torch.Generator().manual_seed(out + inputs + glu)
+    weight, scale = random_fp8_linear(out, inputs, fmt, generator)
+    x = torch.randn(1, inputs, generator=generator)
+    residual = torch.randn(1, out // 2 if glu else out, generator=generator) if with_residual else None
+    with poisoned_allocations():
+        y = run_one_token(x, weight, scale, FORMATS[fmt], glu, residual, tiles)
+    ref = fp8_linear_torch(x, weight, scale, FORMATS[fmt], glu=glu, residual=residual)
+    assert y.shape == ref.shape
     assert relative_error(y, ref) < 1e-5

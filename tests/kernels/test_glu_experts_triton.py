@@ -4,8 +4,11 @@ import pytest
 import torch
 
 from app.kernels import glu_experts_triton
+from app.kernels.expert_table import columns, slot_table
 from app.kernels.glu_experts import glu_experts, glu_experts_op, glu_experts_torch
-from app.kernels.glu_experts_triton import LaunchConfig, Tiles
+from app.kernels.glu_experts_one_token import run_one_token
+from app.kernels.glu_experts_triton import LaunchConfig, Projection, Tiles
+from app.kernels.rows_times_vector_triton import RowTiles
 from tests.fixtures.tiny_glm import quantize_fp8
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_gpt_oss_experts import random_routing, relative_error
@@ -64,6 +67,26 @@ def test_kernel_matches_reference(tokens, picks, num_slots, fmt, config):
     assert relative_error(out, ref) < 1e-5
     if tokens > 1:
         assert (out[1] == 0).all()  # all its picks skipped
+
+
+# one token's picks, rows times one vector: tails, folds, block scales read once a step or per input, and 16-bit
+# weights, which the op sends to the tiles
+@pytest.mark.parametrize(("fmt", "tiles"), [
+    ("bf16", RowTiles(8, 32, fold=4)),
+    ("per-channel", RowTiles(16, 64, warps=2, fold=16)),
+    ("block32", RowTiles(8, 16)),
+    ("block128", RowTiles(4, 64, fold=2)),
+])
+def test_one_token_tiles_match_reference(fmt, tiles):
+    generator = torch.Generator().manual_seed(len(fmt) + tiles.rows)
+    arenas = random_arenas(7, fmt, generator)
+    slots, weights = random_routing(1, 5, 7, generator)
+    hidden = torch.randn(1, HIDDEN, generator=generator)
+    projections = tuple(Projection.of(arenas, name, FORMATS[fmt]) for name in ("gate_proj", "up_proj", "down_proj"))
+    with poisoned_allocations():
+        out = run_one_token(hidden, projections, slot_table(arenas), slots, weights, columns(arenas), (tiles, tiles))
+    ref = glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
+    assert relative_error(out, ref) < 1e-5
 
 
 def test_bfloat16_hidden_matches_float32_reference():

@@ -1,0 +1,112 @@
+"""SiLU-gated routed experts (GLM) for one token's picks (the decode step): rows times one vector on CUDA cores
+(rows_times_vector_triton.py), weights converted in registers. glu_experts_triton.py sends FP8 experts here (either
+scale layout); 16-bit ones measured faster on its tiles.
+
+One program per pick and block of output rows, so every weight of a pick's expert is read once by one program; a
+pick reads its expert where its row of the address table (expert_table.py) points, and a skipped pick's programs
+return at once. No tile plan: one token's picks are distinct experts, so there is nothing to group.
+
+- gate_up: a program's gate rows and the same features' up rows, SiLU(gate) * up -> activations [k, W].
+- down: routing weight in the epilogue -> one float32 row per pick [k, H], which `sum_picks` adds.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from app.kernels.expert_table import row_pointer
+from app.kernels.expert_tiles import sum_picks
+from app.kernels.rows_times_vector_triton import RowTiles, row_scales, rows_times_vector
+
+# the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's shapes (bench/NOTES.md)
+GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, fold=16)
+
+
+def run_one_token(
+    hidden: torch.Tensor,
+    projections: tuple,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    weights: torch.Tensor,
+    names: tuple[str, ...],
+    tiles: tuple[RowTiles, RowTiles] = (GATE_UP, DOWN),
+) -> torch.Tensor:
+    """hidden [1, H], `projections` (gate, up, down: glu_experts_triton.Projection), rows [1, k] of the address table
+    [R, C] (-1: skip), weights [1, k] -> [1, H]. `names` are the table's columns."""
+    gate, up, down = projections
+    picks = rows.numel()
+    width, hidden_size = gate.weight.shape[1:]
+    activations = torch.empty((picks, width), dtype=hidden.dtype, device=hidden.device)
+    gate_up, down_tiles = gate.one_token_tiles(tiles[0]), down.one_token_tiles(tiles[1])
+    _gate_up_kernel[(picks, triton.cdiv(width, gate_up.rows))](
+        hidden, *gate.typed_pointers(), table, rows, activations,
+        *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
+        H=hidden_size, W=width, COLUMNS=len(names), **_scales(gate), **gate_up.constants(),
+    )
+    per_pick = torch.empty((picks, hidden_size), dtype=torch.float32, device=hidden.device)
+    _down_kernel[(picks, triton.cdiv(hidden_size, down_tiles.rows))](
+        activations, *down.typed_pointers(), table, rows, weights, per_pick, *down.table_columns(names, "down_proj"),
+        H=hidden_size, W=width, COLUMNS=len(names), **_scales(down), **down_tiles.constants(),
+    )
+    return sum_picks(per_pick, rows, hidden.dtype)
+
+
+def _scales(projection) -> dict:
+    return dict(SCALES=projection.kind, SCALE_ROWS=projection.block[0], SCALE_COLS=projection.block[1])
+
+
+@triton.jit
+def _expert_rows(table_ptr, row, weight_column, scale_column, weight_ptr, scale_ptr, features, first,
+                 N: tl.constexpr, K: tl.constexpr, COLUMNS: tl.constexpr,
+                 SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr):
+    """The row pointers and scales (row_scales) of `features` of the expert in row `row` of the address table."""
+    rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
+    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
+    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
+    return weights + rows * K, row_scales(scales, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
+
+
+@triton.jit
+def _gate_up_kernel(
+    hidden_ptr, weight_ptr, scale_ptr, table_ptr, rows_ptr, activations_ptr,
+    gate_column, gate_scale_column, up_column, up_scale_column,
+    H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+):
+    pick = tl.program_id(0)
+    row = tl.load(rows_ptr + pick).to(tl.int64)  # int64: row * expert size passes 2^31
+    if row < 0:
+        return
+    first = tl.program_id(1) * BLOCK_N
+    features = first + tl.arange(0, BLOCK_N)
+    gate_rows, gate_scales = _expert_rows(table_ptr, row, gate_column, gate_scale_column, weight_ptr, scale_ptr,
+                                          features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
+    up_rows, up_scales = _expert_rows(table_ptr, row, up_column, up_scale_column, weight_ptr, scale_ptr,
+                                      features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
+    gate = rows_times_vector(hidden_ptr, gate_rows, gate_scales, H, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+    up = rows_times_vector(hidden_ptr, up_rows, up_scales, H, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+    activation = gate * tl.sigmoid(gate) * up
+    tl.store(activations_ptr + pick * W + features, activation.to(activations_ptr.dtype.element_ty),
+             mask=features < W)
+
+
+@triton.jit
+def _down_kernel(
+    activations_ptr, weight_ptr, scale_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
+    weight_column, scale_column,
+    H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+):
+    pick = tl.program_id(0)
+    row = tl.load(rows_ptr + pick).to(tl.int64)
+    if row < 0:
+        return
+    first = tl.program_id(1) * BLOCK_N
+    features = first + tl.arange(0, BLOCK_N)
+    w_rows, scales = _expert_rows(table_ptr, row, weight_column, scale_column, weight_ptr, scale_ptr,
+                                  features, first, H, W, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
+    acc = rows_times_vector(activations_ptr + pick * W, w_rows, scales, W, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+    acc = acc * tl.load(routing_ptr + pick).to(tl.float32)
+    tl.store(per_pick_ptr + pick * H + features, acc, mask=features < H)
