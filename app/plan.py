@@ -255,12 +255,14 @@ CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H20
 @dataclass(frozen=True)
 class LayerOverheads:
     """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
-    issuing the copies. Measured on an H200 host (bench/NOTES.md, 2026-11-29: gpt-oss-20b and -120b; GLM-4.5-Air
-    agrees: 0.28 ms resident, 0.39 ms offloaded; 2026-12-01: misses served on the device)."""
+    issuing the copies. Measured on an H200 host (bench/NOTES.md). Resident, 2026-12-02 (fused layer kernels and
+    single-token kernels): gpt-oss-20b 63 µs a layer, -120b 67, GLM-4.5-Air-FP8 88 (so its prediction is ~12 %
+    high). Misses served on the device: fitted to gpt-oss-20b's runs at 50, 25 and 10 % of the experts (trace and
+    uniform routing, 2026-12-01/02), all within 10 %; experts on disk: 2026-11-29."""
 
-    graph_s: float = 0.21e-3  # the step is one CUDA graph: every expert resident, or misses served on the device
+    graph_s: float = 0.065e-3  # the step is one CUDA graph: every expert resident, or misses served on the device
     segmented_s: float = 0.37e-3  # some experts on disk: a graph per layer around the host's expert work
-    device_misses_s: float = 0.066e-3  # per MoE layer: resolving and fetching misses on the device
+    device_misses_s: float = 0.15e-3  # per MoE layer: resolving and fetching misses on the device
 
 
 # The fetch kernel (app/kernels/expert_fetch.py) moves missed experts at about this share of the copy engine's
