@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The single-token kernels (rows times one vector) on the GPU machine, from the repository root there:
+#   bash bench/h200_one_token.sh kernels   # their CUDA tests, then bench/kernel_one_token.py (sweeps)
+#   bash bench/h200_one_token.sh decode    # GLM-4.5-Air-FP8 decoding fully resident, the engine's CUDA tests,
+#                                          # GLM's step profile; gpt-oss-120b and -20b fully resident (MODELS)
+# Results land in $OUT (the machine keeps nothing).
+set -uo pipefail
+phase=${1:?kernels or decode}
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+
+if [ "$phase" = kernels ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_linear_cuda.py tests/kernels/test_glu_experts_cuda.py \
+    > "$out/cuda-tests-kernels.log" 2>&1
+  echo "pytest exit status $?" >> "$out/cuda-tests-kernels.log"
+  tail -4 "$out/cuda-tests-kernels.log"
+  python3 bench/kernel_one_token.py "$out/kernel-one-token.json" 2>&1 | tee "$out/kernel-one-token.log"
+  # the default single-token kernels' stall reasons: o_proj with its residual, and the experts
+  cat > /tmp/one_token.py <<'PY'
+import sys; sys.path.insert(0, ".")
+import torch
+from app.kernels.expert_table import columns, slot_table
+from app.kernels.fp8_linear_triton import run_one_token
+from app.kernels.glu_experts_one_token import run_one_token as experts_one_token
+from app.kernels.glu_experts_triton import Projection
+from bench.kernel_fp8_linear import make_weight
+from bench.kernel_glu_experts import HIDDEN, make_arenas, make_routing
+weight, scale = make_weight(4096, 12288, None)
+x, residual = torch.randn(1, 12288, device="cuda").bfloat16(), torch.randn(1, 4096, device="cuda").bfloat16()
+arenas = make_arenas("fp8-per-channel")
+projections = tuple(Projection.of(arenas, name, None) for name in ("gate_proj", "up_proj", "down_proj"))
+hidden, (slots, weights) = torch.randn(1, HIDDEN, device="cuda").bfloat16(), make_routing(1)
+for _ in range(3):
+    run_one_token(x, weight, scale, None, False, residual)
+    experts_one_token(hidden, projections, slot_table(arenas), slots, weights, columns(arenas))
+torch.cuda.synchronize()
+PY
+  ncu --clock-control none -k regex:"_one_token_kernel|_gate_up_kernel|_down_kernel" --launch-skip 6 --launch-count 3 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section SchedulerStats \
+    --section WarpStateStats --section MemoryWorkloadAnalysis python3 /tmp/one_token.py > "$out/ncu-one-token.txt" 2>&1
+  grep -E "^  [a-z_]+kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issued Warp|Warp Cycles Per Issued" \
+    "$out/ncu-one-token.txt" | head -30
+  exit 0
+fi
+
+if [ "$phase" = decode ]; then
+  timeout 200 python3 bench/decode_glm.py "$out/decode-glm.json" --folder /tmp/glm --fractions 1.0 --routing uniform \
+    --misses device --new 64 --repeats 2 2>&1 | tee "$out/decode-glm.log" | grep -v '^{'
+  rm -rf /tmp/glm
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_glm_cuda.py tests/kernels/test_decode_layer_cuda.py \
+    tests/engine/test_cuda.py > "$out/cuda-tests-engine.log" 2>&1
+  echo "pytest exit status $?" >> "$out/cuda-tests-engine.log"
+  tail -4 "$out/cuda-tests-engine.log"
+  timeout 80 python3 bench/profile_decode_step.py "$out/profile-glm.json" --model glm --layers 4 --folder /tmp/glm4 \
+    2>&1 | tee "$out/profile-glm.log" | head -40
+  for model in ${MODELS:-120b 20b}; do
+    timeout 150 python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-$model.json" --model "$model" \
+      --folder "/tmp/g$model" --fractions 1.0 --routing model --misses device --new 128 --repeats 2 2>&1 \
+      | tee "$out/decode-gpt-oss-$model.log" | grep -v '^{'
+    rm -rf "/tmp/g$model"
+  done
+  exit 0
+fi
+echo "unknown phase $phase" >&2
+exit 2

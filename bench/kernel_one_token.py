@@ -1,0 +1,142 @@
+"""The single-token kernels on a CUDA GPU at GLM-4.5-Air's shapes: FP8 dense products and SiLU-gated routed
+experts as rows times one vector (app/kernels/rows_times_vector_triton.py), against the tensor-core tiles they
+replace at T = 1.
+
+    python3 bench/kernel_one_token.py OUT.json
+
+Dense (fp8_linear_triton.run_one_token): a layer's products as the engine stacks them (q/k/v 14336 × 4096, o
+4096 × 12288 with the residual add, the shared expert's gate + up 2816 × 4096 with SiLU * up, its down 4096 × 1408
+with the residual), with per-channel scales (GLM-4.5-Air-FP8) and 128 × 128 block scales (GLM-5). Each is timed in
+a CUDA graph that cycles through copies of the weight exceeding the L2, as a decode step reads each weight once;
+`tiles` is the path it replaces (pick_tiles at T = 1, split-K and the finishing launch) in the same way.
+Experts (glu_experts_one_token.py): all 128 experts of a layer in slots, 8 picks, each kernel timed by the profiler
+(L2 flushed) on 8 disjoint routings; `tiles` is the tile plan's path (pick_config). Both sweep rows per program ×
+inputs per step × warps. Floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
+"""
+
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
+
+from app.kernels import glu_experts_one_token
+from app.kernels.expert_table import columns, slot_table
+from app.kernels.fp8_linear import fp8_linear_torch
+from app.kernels.fp8_linear_triton import pick_tiles, run_fp8_linear, run_one_token
+from app.kernels.glu_experts import glu_experts_torch
+from app.kernels.glu_experts_triton import Projection, pick_config, run_experts
+from app.kernels.rows_times_vector_triton import RowTiles
+from bench.kernel_fp8_linear import L2_EXCEEDED, make_weight
+from bench.kernel_glu_experts import HIDDEN, NUM_SLOTS, PICKS, make_arenas, make_routing
+from bench.kernel_gpt_oss_experts import attempt, bytes_read, kernel_times, start_report
+from tests.kernels.poison import poisoned_allocations
+
+DENSE = {  # (out, in, epilogue) as the engine runs them at decode
+    "qkv": (14336, 4096, None), "o": (4096, 12288, "residual"),
+    "shared_gate_up": (2816, 4096, "glu"), "shared_down": (4096, 1408, "residual"),
+}
+FORMATS = {"fp8-per-channel": None, "fp8-block128": (128, 128)}
+# (rows, inputs a step, warps, fold): the first sweep's best at fold 1 (a thread's float32 sum holds as many values as
+# it has weights in a step, so 64 of them at most), then folds of 16 with more weights a thread; a GLU's gate and up
+# rows make twice the rows
+SWEEP = [RowTiles(*t) for t in (
+    (4, 512), (8, 256), (4, 512, 1, 16), (8, 512, 1, 16), (16, 512, 1, 16),
+    (8, 1024, 1, 16), (16, 512, 2, 16), (8, 512, 2, 16), (4, 1024, 1, 16), (16, 1024, 2, 16))]
+GLU_SWEEP = [RowTiles(*t) for t in (
+    (4, 512, 2), (2, 512), (4, 512, 4), (2, 512, 1, 16), (4, 512, 1, 16),
+    (8, 512, 1, 16), (4, 1024, 1, 16), (8, 512, 2, 16), (2, 1024, 1, 16), (8, 1024, 2, 16))]
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def dense_case(name: str, block, tiles: RowTiles | None) -> dict:
+    """One product's check and graph time: rows times one vector with `tiles`, or the tiled path for None."""
+    out_features, inputs, epilogue = DENSE[name]
+    weight, scale = make_weight(out_features, inputs, block)
+    x = torch.randn(1, inputs, device="cuda").bfloat16()
+    glu = epilogue == "glu"
+    residual = torch.randn(1, out_features, device="cuda").bfloat16() if epilogue == "residual" else None
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    tiled = pick_tiles(1, out_features, inputs, sm_count)
+
+    def product(w, s):
+        if tiles is None:
+            return run_fp8_linear(x, w, s, block, tiled, glu, residual)
+        return run_one_token(x, w, s, block, glu, residual, tiles)
+
+    with poisoned_allocations():
+        out = product(weight, scale)
+    ref = fp8_linear_torch(x.float(), weight, scale, block, glu, None if residual is None else residual.float())
+    copies = [(weight, scale)] + [(weight.clone(), scale.clone()) for _ in range(L2_EXCEEDED // weight.nbytes)]
+    calls = itertools.count()
+    graph_ms = do_bench_cudagraph(lambda: product(*copies[next(calls) % len(copies)]), rep=20, return_mode="median")
+    moved = weight.nbytes + scale.nbytes + x.nbytes + out.nbytes * (1 if residual is None else 2)
+    return {"relative_error": relative_error(out, ref), "graph_us": graph_ms * 1e3, "bytes_read": moved}
+
+
+def expert_case(arenas, fmt: str, tiles: tuple[RowTiles, RowTiles] | None) -> dict:
+    """The experts' check and kernel times: rows times one vector with `tiles` (gate_up, down), or the tile plan."""
+    block = FORMATS.get(fmt)
+    table, names = slot_table(arenas), columns(arenas)
+    projections = tuple(Projection.of(arenas, name, block) for name in ("gate_proj", "up_proj", "down_proj"))
+    hidden = torch.randn(1, HIDDEN, device="cuda").bfloat16()
+    order = torch.randperm(NUM_SLOTS, device="cuda")[: 8 * PICKS].view(8, 1, PICKS)
+    _, weights = make_routing(1)
+
+    def op(slots):
+        if tiles is None:
+            return run_experts(hidden, arenas, slots, weights, block, pick_config(PICKS))
+        return glu_experts_one_token.run_one_token(hidden, projections, table, slots, weights, names, tiles)
+
+    with poisoned_allocations():
+        out = op(order[0])
+    ref = glu_experts_torch(hidden.float(), arenas, order[0], weights.float(), block)
+    calls = itertools.count()
+    kernels = kernel_times(lambda: op(order[next(calls) % 8]), runs=16)
+    return {"relative_error": relative_error(out, ref), "kernels_us": kernels,
+            "bytes_read": bytes_read(arenas, order[0])}
+
+
+def main(out_path: str) -> None:
+    report, save = start_report(out_path, {"dense": DENSE, "experts": {"hidden": HIDDEN, "picks": PICKS}})
+    report["floor"] = "bytes (weights, scales, x, outputs, residual) / copy bandwidth (read + write counted)"
+    copy = report["copy_bandwidth"]
+    for fmt, block in FORMATS.items():
+        for name in DENSE:
+            for tiles in [None, *(GLU_SWEEP if DENSE[name][2] == "glu" else SWEEP)]:
+                case = {"kind": "dense", "format": fmt, "weight": name, "tiles": repr(tiles) if tiles else "tiles"}
+                case |= attempt(dense_case, name, block, tiles)
+                if "graph_us" in case:
+                    case["fraction_of_floor"] = case["bytes_read"] / copy / (case["graph_us"] * 1e-6)
+                report["cases"].append(case)
+                print(f"{fmt:15} {name:14} {case['tiles']:56} {case.get('graph_us', 0):6.1f} us "
+                      f"{case.get('fraction_of_floor', 0):.2f} err {case.get('relative_error', case.get('error'))}",
+                      flush=True)
+                save()
+    for fmt in ("fp8-per-channel", "fp8-block128", "bf16"):
+        arenas = make_arenas(fmt)
+        pairs = list(zip(GLU_SWEEP, SWEEP, strict=True))
+        for tiles in [None, *(pairs[:1] if fmt == "bf16" else pairs)]:
+            case = {"kind": "experts", "format": fmt, "tiles": repr(tiles) if tiles else "tiles"}
+            case |= attempt(expert_case, arenas, fmt, tiles)
+            if "kernels_us" in case:
+                projections = case["kernels_us"].get("_gate_up_kernel", 0) + case["kernels_us"].get("_down_kernel", 0)
+                case["fraction_of_floor"] = case["bytes_read"] / copy / (projections * 1e-6)
+            report["cases"].append(case)
+            print(f"{fmt:15} experts {case['tiles'][:120]:120} {case.get('kernels_us', case.get('error'))} "
+                  f"{case.get('fraction_of_floor', 0):.2f}", flush=True)
+            save()
+        del arenas
+        torch.cuda.empty_cache()
+    save()
+    print(f"wrote {out_path} after {report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
