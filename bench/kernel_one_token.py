@@ -34,6 +34,7 @@ from bench.kernel_fp8_linear import L2_EXCEEDED, make_weight
 from bench.kernel_glu_experts import HIDDEN, NUM_SLOTS, PICKS, make_arenas, make_routing
 from bench.kernel_gpt_oss_experts import attempt, bytes_read, kernel_times, start_report
 from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_gpt_oss_experts import relative_error
 
 DENSE = {  # (out, in, epilogue) as the engine runs them at decode
     "qkv": (14336, 4096, None), "o": (4096, 12288, "residual"),
@@ -49,10 +50,6 @@ SWEEP = [RowTiles(*t) for t in (
 GLU_SWEEP = [RowTiles(*t) for t in (
     (4, 512, 2), (2, 512), (4, 512, 4), (2, 512, 1, 16), (4, 512, 1, 16),
     (8, 512, 1, 16), (4, 1024, 1, 16), (8, 512, 2, 16), (2, 1024, 1, 16), (8, 1024, 2, 16))]
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def dense_case(name: str, block, tiles: RowTiles | None) -> dict:

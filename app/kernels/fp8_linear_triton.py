@@ -24,7 +24,7 @@ import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
 from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
-from app.kernels.rows_times_vector_triton import RowTiles, row_scales, rows_times_vector
+from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
 PROGRAMS_PER_SM = 2
@@ -120,14 +120,13 @@ def run_one_token(
     width = weight.shape[0] // 2 if glu else weight.shape[0]
     assert not glu or weight.shape[0] % 2 == 0, "gate rows then as many up rows"
     assert residual is None or (residual.shape == (1, width) and residual.dtype == x.dtype)
-    tiles = projection.one_token_tiles(tiles or one_token_tiles(in_features, glu))
+    tiles = projection.inside_scale_blocks(tiles or one_token_tiles(in_features, glu))
     if glu and projection.kind == PER_BLOCK:  # the up rows in one block row too
         tiles = tiles.within(width)
     out = torch.empty((1, width), dtype=x.dtype, device=x.device)
     _one_token_kernel[(triton.cdiv(width, tiles.rows),)](
         x.contiguous(), weight, scale, out if residual is None else residual.contiguous(), out, N=width, K=in_features,
-        SCALES=projection.kind, SCALE_ROWS=projection.block[0], SCALE_COLS=projection.block[1],
-        GLU=glu, HAS_RESIDUAL=residual is not None, **tiles.constants(),
+        **projection.scale_constants(), GLU=glu, HAS_RESIDUAL=residual is not None, **tiles.constants(),
     )
     return out
 
@@ -184,13 +183,11 @@ def _one_token_kernel(
     first = tl.program_id(0) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
-    y = rows_times_vector(x_ptr, weight_ptr + rows.to(tl.int64) * K,
-                          row_scales(scale_ptr, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS),
-                          K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+    w_rows, scales = weight_rows(weight_ptr, scale_ptr, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
+    y = rows_times_vector(x_ptr, w_rows, scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
     if GLU:
-        up = rows_times_vector(x_ptr, weight_ptr + (rows + N).to(tl.int64) * K,
-                               row_scales(scale_ptr, rows + N, first + N, K, SCALES, SCALE_ROWS, SCALE_COLS),
-                               K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+        w_rows, scales = weight_rows(weight_ptr, scale_ptr, rows + N, first + N, K, SCALES, SCALE_ROWS, SCALE_COLS)
+        up = rows_times_vector(x_ptr, w_rows, scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
         y = y * tl.sigmoid(y) * up
     if HAS_RESIDUAL:
         y += tl.load(residual_ptr + features, mask=features < N).to(tl.float32)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 from app.kernels.expert_table import row_pointer
 from app.kernels.expert_tiles import sum_picks
-from app.kernels.rows_times_vector_triton import RowTiles, row_scales, rows_times_vector
+from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 # the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's shapes (bench/NOTES.md)
 GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, fold=16)
@@ -37,33 +37,29 @@ def run_one_token(
     picks = rows.numel()
     width, hidden_size = gate.weight.shape[1:]
     activations = torch.empty((picks, width), dtype=hidden.dtype, device=hidden.device)
-    gate_up, down_tiles = gate.one_token_tiles(tiles[0]), down.one_token_tiles(tiles[1])
+    gate_up, down_tiles = gate.inside_scale_blocks(tiles[0]), down.inside_scale_blocks(tiles[1])
     _gate_up_kernel[(picks, triton.cdiv(width, gate_up.rows))](
         hidden, *gate.typed_pointers(), table, rows, activations,
         *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
-        H=hidden_size, W=width, COLUMNS=len(names), **_scales(gate), **gate_up.constants(),
+        H=hidden_size, W=width, COLUMNS=len(names), **gate.scale_constants(), **gate_up.constants(),
     )
     per_pick = torch.empty((picks, hidden_size), dtype=torch.float32, device=hidden.device)
     _down_kernel[(picks, triton.cdiv(hidden_size, down_tiles.rows))](
         activations, *down.typed_pointers(), table, rows, weights, per_pick, *down.table_columns(names, "down_proj"),
-        H=hidden_size, W=width, COLUMNS=len(names), **_scales(down), **down_tiles.constants(),
+        H=hidden_size, W=width, COLUMNS=len(names), **down.scale_constants(), **down_tiles.constants(),
     )
     return sum_picks(per_pick, rows, hidden.dtype)
-
-
-def _scales(projection) -> dict:
-    return dict(SCALES=projection.kind, SCALE_ROWS=projection.block[0], SCALE_COLS=projection.block[1])
 
 
 @triton.jit
 def _expert_rows(table_ptr, row, weight_column, scale_column, weight_ptr, scale_ptr, features, first,
                  N: tl.constexpr, K: tl.constexpr, COLUMNS: tl.constexpr,
                  SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr):
-    """The row pointers and scales (row_scales) of `features` of the expert in row `row` of the address table."""
+    """`weight_rows` of `features` of the expert in row `row` of the address table."""
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
     weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
     scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
-    return weights + rows * K, row_scales(scales, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
+    return weight_rows(weights, scales, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
 
 
 @triton.jit

@@ -71,7 +71,7 @@ class Projection:
         """Inputs per loop step: a block scale's columns split into whole steps."""
         return math.gcd(tiles.depth, self.block[1]) if self.kind == PER_BLOCK else tiles.depth
 
-    def one_token_tiles(self, tiles: RowTiles) -> RowTiles:
+    def inside_scale_blocks(self, tiles: RowTiles) -> RowTiles:
         """`tiles` with a program's rows inside one block row of scales (rows_times_vector_triton.py)."""
         return tiles.within(self.block[0]) if self.kind == PER_BLOCK else tiles
 
@@ -87,8 +87,10 @@ class Projection:
 
     def constants(self, half: bool) -> dict:
         """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16)."""
-        return dict(SCALES=self.kind, SCALE_ROWS=self.block[0], SCALE_COLS=self.block[1],
-                    HALF=half and self.kind != NO_SCALE)
+        return self.scale_constants() | dict(HALF=half and self.kind != NO_SCALE)
+
+    def scale_constants(self) -> dict:
+        return dict(SCALES=self.kind, SCALE_ROWS=self.block[0], SCALE_COLS=self.block[1])
 
 
 def run_experts(

@@ -39,23 +39,25 @@ class RowTiles:
 
 
 @triton.jit
-def row_scales(scale_ptr, rows, first_row, K: tl.constexpr,
-               SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr):
-    """What `rows_times_vector` takes as the scales of `rows` (one expert's or one weight's) whose first is
-    `first_row`: each row's scale (per channel), the pointer of the block row's scales (per block), or nothing."""
+def weight_rows(weight_ptr, scale_ptr, rows, first_row, K: tl.constexpr,
+                SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr):
+    """What `rows_times_vector` takes for `rows` (whose first is `first_row`) of one [N, K] weight and its scales:
+    the rows' pointers, and each row's scale (per channel), the pointer of the block row's scales (per block) or
+    nothing."""
+    w_rows = weight_ptr + rows.to(tl.int64) * K
     if SCALES == 1:
-        return scale_ptr + rows
+        return w_rows, scale_ptr + rows
     elif SCALES == 2:
-        return scale_ptr + (first_row // SCALE_ROWS) * tl.cdiv(K, SCALE_COLS)
+        return w_rows, scale_ptr + (first_row // SCALE_ROWS) * tl.cdiv(K, SCALE_COLS)
     else:
-        return scale_ptr
+        return w_rows, scale_ptr
 
 
 @triton.jit
 def rows_times_vector(x_ptr, w_rows, scales, K: tl.constexpr, SCALES: tl.constexpr, SCALE_COLS: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr):
     """x [K] (any float dtype) times the K weights from each of the pointers w_rows [BLOCK_N] -> [BLOCK_N] float32,
-    scaled as `row_scales` says."""
+    scaled as `weight_rows` says."""
     depth = tl.arange(0, BLOCK_K)
     acc = tl.zeros((BLOCK_N, BLOCK_K // FOLD), tl.float32)
     for k0 in tl.static_range(0, K, BLOCK_K):
