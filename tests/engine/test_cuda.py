@@ -4,7 +4,11 @@ Skipped without a CUDA device; run on the GPU machine with `python -m pytest tes
 import pytest
 import torch
 
+from app.engine.generation.generate import generate
+from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
+from app.engine.runner.step_runner import StepRunner
+from app.engine.session import collect
 from app.model_folder import ModelFolder
 from tests.engine.greedy import greedy_with_stats
 
@@ -75,3 +79,23 @@ def test_bf16_graph_decode_matches_the_eager_forward(tiny_gpt_oss):
             eager_tokens.append(int(logits[-1].argmax()))
             logits = model.forward(torch.tensor(eager_tokens[-1:], device="cuda"), cache)
     assert graph_tokens == eager_tokens
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=5)],
+                         ids=["greedy", "seeded"])
+def test_graph_passes_run_ahead_give_the_answer_of_steps_in_turn(tiny_gpt_oss, sampling):
+    """The decode graph replayed one pass ahead of the host (generation/ahead.py), a stop token included."""
+    model = load(tiny_gpt_oss, "cuda").model
+
+    def answer(stop_ids: list[int], run_ahead: bool = True) -> tuple[tuple, int]:
+        runner = StepRunner(model, 64, run_ahead)
+        out = collect(generate(runner, PROMPT, Sampler(sampling, model.device), 24, stop_ids))
+        return (out["token_ids"], out["stop_reason"], out["stats"]["expert_cache"]), runner.cache.length
+
+    ahead, _ = answer([])
+    tokens = ahead[0]
+    stop = next(token for i, token in enumerate(tokens) if i >= 4 and token not in tokens[:i])
+    stopped = answer([stop])
+    assert answer([], run_ahead=False) == (ahead, len(PROMPT) + 23)
+    assert answer([stop], run_ahead=False) == stopped
+    assert stopped[1] == len(PROMPT) + len(stopped[0][0]) - 1

@@ -3,7 +3,7 @@ bf16), kernels dequantize at compute time. A CPU cache with fewer slots than exp
 the fetch mechanics run in CI too.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -13,6 +13,7 @@ from app.engine.experts.cache_policy import DEFAULT_HALF_LIFE_SLOTS, DecayedUseE
 from app.engine.experts.device_misses import DEVICE_PASS_MAX_TOKENS, DeviceMisses
 from app.engine.experts.op_graph import SingleTokenGraph
 from app.engine.experts.store import OTHER_DEVICE, ExpertKey, ExpertStore, ExpertTensors
+from app.engine.layers.read_later import ReadLater
 from app.kernels.expert_op import ExpertOp
 from app.kernels.resident_slots import resident_slots_op
 from app.protocol.stats import CacheStats
@@ -205,6 +206,13 @@ class ExpertCache:
         if self.complete:
             self.stats.hits = int(self._resident_uses)
         return replace(self.stats)
+
+    def snapshot_later(self) -> Callable[[], CacheStats]:
+        """A complete cache's snapshot as of the passes queued so far, read when called: it waits for those passes,
+        not for the ones queued after (a complete cache counts its hits on the device alone)."""
+        assert self.complete, "an incomplete cache's counts change on the host: snapshot between passes"
+        uses, stats = ReadLater(self._resident_uses), replace(self.stats)
+        return lambda: replace(stats, hits=int(uses.read()))
 
     def _slots_of_resident(self, layer: int, top_experts: torch.Tensor) -> torch.Tensor:
         if len(top_experts) == 1:  # one token's top-k are distinct experts: only OTHER_DEVICE (no slot) repeats

@@ -54,10 +54,17 @@ class Sampler:
 
     def sample_each(self, logits: torch.Tensor) -> list[int]:
         """logits [T, V] -> one token id per row, drawn independently (one host synchronisation)."""
+        return self.sample_on_device(logits).tolist()
+
+    def sample_on_device(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [T, V] -> one token id per row [T] where the logits are, with no host synchronisation."""
         if self.params.greedy:
-            return logits.argmax(-1).tolist()
-        return self.draw(self.probabilities(logits))
+            return logits.argmax(-1)
+        return self.draw_on_device(self.probabilities(logits))
 
     def draw(self, probs: torch.Tensor) -> list[int]:
         """probs [T, V] -> one token id per row, from this sampler's generator."""
-        return torch.multinomial(probs, 1, generator=self.generator).flatten().tolist()
+        return self.draw_on_device(probs).tolist()
+
+    def draw_on_device(self, probs: torch.Tensor) -> torch.Tensor:
+        return torch.multinomial(probs, 1, generator=self.generator).flatten()

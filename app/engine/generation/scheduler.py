@@ -2,7 +2,8 @@
 
 A sequence joins between steps (prompt prefilled alone) and leaves when it ends. Each step drafts a block per
 speculative sequence ([anchor, *drafts]; plain: its last token), runs one target pass over all blocks (alone: the
-runner's, a CUDA graph where possible; together: `forward_batch`), then accepts and rewinds each on its own.
+runner's, a CUDA graph where possible; together: `forward_batch`), then accepts and rewinds each on its own. A
+plain sequence alone over a complete expert cache runs its passes one ahead of the host (ahead.py).
 """
 
 import time
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from app.engine.generation.ahead import AheadPass
 from app.engine.generation.checks import check_prompt, generation_stats, stop_reason
 from app.engine.generation.sampling import Sampler
 from app.engine.runner.step_runner import StepRunner
@@ -48,6 +50,7 @@ class Sequence:
     accepted: list[int] = field(default_factory=list)
     speculator: Speculator | None = None
     sizer: BlockSizer | None = None
+    ahead: AheadPass | None = None  # its pass queued from `token`, whose own token the host has not read
 
     def __post_init__(self):
         self.answer = self.answer or AnswerEvents(self.request_id)
@@ -82,6 +85,7 @@ class Scheduler:
     def join(self, sequence: Sequence) -> list[Tokens | Done]:
         model = self.model
         assert sequence.request_id not in self.sequences, f"request {sequence.request_id} is already decoding"
+        events = self._catch_up()
         check_prompt(sequence.prompt_ids, model.config.vocab_size)
         sequence.runner.begin().check_room(len(sequence.prompt_ids))
         before = model.experts.snapshot()
@@ -100,10 +104,13 @@ class Scheduler:
         self._cache_stats = model.experts.snapshot()
         sequence.expert_cache = self._cache_stats.since(before)
         self.sequences[sequence.request_id] = sequence
-        return self._emit(sequence, [sequence.token], 0, None)
+        return events + self._emit(sequence, [sequence.token], 0, None)
 
     def step(self) -> list[Tokens | Done]:
         sequences = list(self.sequences.values())
+        if len(sequences) == 1 and sequences[0].speculator is None and sequences[0].runner.runs_ahead:
+            with torch.inference_mode():
+                return self._step_ahead(sequences[0])
         experts = self.model.experts
         before, started = self._cache_stats, time.perf_counter()
         with torch.inference_mode():
@@ -134,6 +141,37 @@ class Scheduler:
         if sequence is None:
             return None
         return self._stats(sequence)
+
+    def _step_ahead(self, sequence: Sequence) -> list[Tokens | Done]:
+        """Queues the pass from the token ahead (unless that token surely ends the sequence), then reads it."""
+        ahead = sequence.ahead or AheadPass(sequence.runner, sequence.sampler,
+                                            torch.tensor([sequence.token], device=self.model.device))
+        following = None
+        if sequence.emitted + 1 < sequence.max_new_tokens and sequence.cache.length < sequence.cache.capacity:
+            following = AheadPass(sequence.runner, sequence.sampler, ahead.token)
+        return self._read_ahead(sequence, ahead, following)
+
+    def _catch_up(self) -> list[Tokens | Done]:
+        """Every token ahead read and emitted: each sequence's next input is on the host again."""
+        events = []
+        for sequence in list(self.sequences.values()):
+            if sequence.ahead is not None:
+                events += self._read_ahead(sequence, sequence.ahead, None)
+        return events
+
+    def _read_ahead(self, sequence: Sequence, ahead: AheadPass, following: AheadPass | None) -> list[Tokens | Done]:
+        token, stats = ahead.read()
+        sequence.expert_cache = sequence.expert_cache.plus(stats.since(self._cache_stats))
+        self._cache_stats = stats
+        sequence.steps += 1
+        sequence.batched_with += 1
+        sequence.ahead = None
+        events = self._emit(sequence, [token], 0, None)
+        if sequence.request_id in self.sequences:
+            sequence.ahead = following
+        elif following is not None:  # it ended at a stop token: the pass queued after it is nobody's
+            sequence.cache.truncate(sequence.cache.length - 1)
+        return events
 
     def _plan(self, sequence: Sequence) -> _Plan:
         if sequence.speculator is None:

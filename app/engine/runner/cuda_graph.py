@@ -54,7 +54,10 @@ class DecodeGraph:
         self.logits, self.features = self.graph.output if capture else (self.graph.output, None)
 
     def run(self, tokens: list[int]) -> torch.Tensor:
-        self.graph(torch.tensor(tokens, dtype=torch.long).to(self.device, non_blocking=True))
+        return self.run_on_device(torch.tensor(tokens, dtype=torch.long).to(self.device, non_blocking=True))
+
+    def run_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.graph(tokens)
         return self.logits
 
     def step(self, token: int) -> torch.Tensor:

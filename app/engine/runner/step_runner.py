@@ -38,16 +38,21 @@ class EagerPass:
         self.features: torch.Tensor | None = None
 
     def run(self, tokens: list[int]) -> torch.Tensor:
-        out = self.model.forward(torch.tensor(tokens, device=self.model.device), self.cache, capture=self.capture)
+        return self.run_on_device(torch.tensor(tokens, device=self.model.device))
+
+    def run_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        out = self.model.forward(tokens, self.cache, capture=self.capture)
         logits, self.features = out if self.capture else (out, None)
         return logits
 
 
 class StepRunner:
-    """Passes over one KV cache of `capacity` tokens; outputs are overwritten by the next pass of the same size."""
+    """Passes over one KV cache of `capacity` tokens; outputs are overwritten by the next pass of the same size.
+    `run_ahead` False keeps every decode step waiting for its token (the comparison for the passes run ahead)."""
 
-    def __init__(self, model, capacity: int):
+    def __init__(self, model, capacity: int, run_ahead: bool = True):
         self.model = model
+        self.run_ahead = run_ahead
         self.cache = model.new_kv_cache(capacity)
         # (tokens, captured layers) -> the pass's program, captured at its first use
         self.programs: dict[tuple[int, tuple[int, ...]], DecodeGraph | SegmentedDecode | EagerPass] = {}
@@ -74,6 +79,19 @@ class StepRunner:
         logits = program.run(tokens)
         self.model.experts.settle()
         return logits, program.features
+
+    @property
+    def runs_ahead(self) -> bool:
+        """Whether a pass may start before the host reads its input token (`run_on_device`): the expert cache
+        counts its work on the device alone, and the pass needs no host work."""
+        return self.run_ahead and self.model.experts.complete
+
+    def run_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Commits `tokens` [T] (long, on the device, maybe not yet computed): -> logits [T, V]."""
+        assert self.runs_ahead
+        logits = self.program(len(tokens)).run_on_device(tokens)
+        self.model.experts.settle()
+        return logits
 
     def program(self, num_tokens: int, capture: tuple[int, ...] = ()) -> DecodeGraph | SegmentedDecode | EagerPass:
         key = (num_tokens, capture)
