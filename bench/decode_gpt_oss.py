@@ -19,6 +19,7 @@ model's own or uniform (the trace is 20b's).
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -146,10 +147,11 @@ def routing_override(name: str, facts: ModelFacts, device: torch.device):
 def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, facts: ModelFacts,
                 prefetch_layers: int = 0, ram_budget: int | None = None, device: str = "cuda",
                 repeats: int = 3, routings: tuple[str, ...] = ("model",), misses: str = "device",
-                cpu_threads: int = 0) -> list[dict]:
+                cpu_threads: int = 0, steps: tuple[str, ...] = ("ahead",)) -> list[dict]:
     """Load under the budget once; per routing, decode `repeats` times (the first warms up) over one runner, as
-    a session does (the next routing's runner captures its own passes); on a CPU (a pipeline check) in float32
-    and with no device memory figures."""
+    a session does (the next routing's runner captures its own passes), for each way of stepping in `steps`
+    (`ahead`: passes run one ahead of the host where the cache allows it, `in-turn`: each waits for its token);
+    on a CPU (a pipeline check) in float32 and with no device memory figures."""
     cuda = device == "cuda"
     dtype = compute_dtype(device)
     budget = expert_budget(facts, budget_fraction, prompt + new, dtype_bytes(dtype))
@@ -166,10 +168,11 @@ def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, fac
     tier = model.experts.device_misses.cpu_tier if on_device else None
     ids = torch.randint(0, facts.vocab_size, (prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     results = []
-    for routing in routings:
+    for routing, stepping in itertools.product(routings, steps):
         model.routing_override = routing_override(routing, facts, model.device)
-        runner = StepRunner(model, prompt + new)
+        runner = StepRunner(model, prompt + new, run_ahead=stepping == "ahead")
         runs = [_timed_generation(runner, ids, new) for _ in range(repeats)]
+        ran_ahead = runner.runs_ahead
         peak = torch.cuda.max_memory_allocated() - base if cuda else None  # since the load: every routing so far
         del runner
         gc.collect()
@@ -179,6 +182,7 @@ def decode_runs(folder: Path, budget_fraction: float, prompt: int, new: int, fac
         results.append({
             "budget_fraction_of_routed_experts": budget_fraction,
             "routing": routing,
+            "steps": "ahead" if ran_ahead else "in-turn",
             "misses": "none: all resident" if model.experts.complete else "device" if on_device else "host",
             "cpu_threads": tier.threads if tier else 0,
             "cpu_tier_costs_s": {"fetch": tier.fetch_s, "call": tier.call_s, "pair": tier.pair_s} if tier else None,
@@ -328,7 +332,8 @@ def budget_runs(report: dict, folder: Path, facts: ModelFacts, args, device: str
                 if float(f) < 1 or (d == depths[0] and m == ways[0] and n == threads[0])]  # all fit: no misses
     for fraction, depth, misses, cpu_threads in settings:
         for run in decode_runs(folder, fraction, args.prompt, args.new, facts, depth, ram_budget(fraction), device,
-                               args.repeats, tuple(args.routing.split(",")), misses, cpu_threads):
+                               args.repeats, tuple(args.routing.split(",")), misses, cpu_threads,
+                               tuple(args.steps.split(","))):
             run = {"prefetch_layers": depth, **run}
             run.update(floors(facts, report["bandwidth"], run, dtype_bytes(compute_dtype(device))))
             report["runs"].append(run)
@@ -370,13 +375,16 @@ def add_protocol_options(parser: argparse.ArgumentParser, default_routing: str) 
     parser.add_argument("--misses", default="device", help="comma-separated: device, host")
     parser.add_argument("--cpu-threads", default="0", help="comma-separated CPU tier threads (0: no CPU tier)")
     parser.add_argument("--llama-json", help="llama-bench -o json output on the same checkpoint, this session")
+    parser.add_argument("--steps", default="ahead", help="comma-separated: ahead (passes run one ahead of the host "
+                        "where every expert is resident), in-turn (each step waits for its token)")
 
 
 def print_table(report: dict) -> None:
-    print(f"{'budget':>7} {'routing':>8} {'misses':>13} {'ahead':>5} {'cpu':>4} {'tok/s':>8} {'hit':>6} "
+    print(f"{'budget':>7} {'routing':>8} {'steps':>8} {'misses':>13} {'ahead':>5} {'cpu':>4} {'tok/s':>8} {'hit':>6} "
           f"{'cpu/tok':>7} {'MB/tok':>8} {'floor opt':>10} {'floor pes':>10} {'/llama':>7}")
     for run in report["runs"]:
-        print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['routing']:>8} {run['misses'][:13]:>13} "
+        print(f"{run['budget_fraction_of_routed_experts']:>7.2f} {run['routing']:>8} {run['steps'][:8]:>8} "
+              f"{run['misses'][:13]:>13} "
               f"{run['prefetch_layers']:>5} {run.get('cpu_threads', 0):>4} {run['decode_tok_s']:>8.1f} "
               f"{run['decode_hit_rate'] or 0:>6.2f} {run.get('decode_cpu_computed_per_token', 0):>7.1f} "
               f"{run['decode_bytes_fetched_per_token'] / 1e6:>8.1f} "

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The single-token kernels (rows times one vector) on the GPU machine, from the repository root there:
 #   bash bench/h200_one_token.sh kernels   # their CUDA tests, then bench/kernel_one_token.py (sweeps)
+#   bash bench/h200_one_token.sh registers # bench/kernel_one_token.py --registers (the defaults, registers capped)
 #   bash bench/h200_one_token.sh decode    # GLM-4.5-Air-FP8 decoding fully resident, the engine's CUDA tests,
-#                                          # GLM's step profile; gpt-oss-120b and -20b fully resident (MODELS)
+#                                          # GLM's step profile; gpt-oss-120b and -20b fully resident (MODELS),
+#                                          # each way of stepping in STEPS (ahead; e.g. ahead,in-turn); PROFILE=0
+#                                          # skips the profile
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
 phase=${1:?kernels or decode}
@@ -44,19 +47,28 @@ PY
   exit 0
 fi
 
+if [ "$phase" = registers ]; then
+  python3 bench/kernel_one_token.py "$out/kernel-one-token-registers.json" --registers 2>&1 \
+    | tee "$out/kernel-one-token-registers.log"
+  exit 0
+fi
+
+steps=${STEPS:-ahead}
 if [ "$phase" = decode ]; then
   timeout 200 python3 bench/decode_glm.py "$out/decode-glm.json" --folder /tmp/glm --fractions 1.0 --routing uniform \
-    --misses device --new 64 --repeats 2 2>&1 | tee "$out/decode-glm.log" | grep -v '^{'
+    --misses device --new 64 --repeats 2 --steps "$steps" 2>&1 | tee "$out/decode-glm.log" | grep -v '^{'
   rm -rf /tmp/glm
   timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_glm_cuda.py tests/kernels/test_decode_layer_cuda.py \
     tests/engine/test_cuda.py > "$out/cuda-tests-engine.log" 2>&1
   echo "pytest exit status $?" >> "$out/cuda-tests-engine.log"
   tail -4 "$out/cuda-tests-engine.log"
-  timeout 80 python3 bench/profile_decode_step.py "$out/profile-glm.json" --model glm --layers 4 --folder /tmp/glm4 \
-    2>&1 | tee "$out/profile-glm.log" | head -40
+  if [ "${PROFILE:-1}" = 1 ]; then
+    timeout 80 python3 bench/profile_decode_step.py "$out/profile-glm.json" --model glm --layers 4 --folder /tmp/glm4 \
+      2>&1 | tee "$out/profile-glm.log" | head -40
+  fi
   for model in ${MODELS:-120b 20b}; do
-    timeout 150 python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-$model.json" --model "$model" \
-      --folder "/tmp/g$model" --fractions 1.0 --routing model --misses device --new 128 --repeats 2 2>&1 \
+    timeout 240 python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-$model.json" --model "$model" \
+      --folder "/tmp/g$model" --fractions 1.0 --routing model --misses device --new 128 --repeats 2 --steps "$steps" 2>&1 \
       | tee "$out/decode-gpt-oss-$model.log" | grep -v '^{'
     rm -rf "/tmp/g$model"
   done

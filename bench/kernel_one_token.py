@@ -2,7 +2,7 @@
 experts as rows times one vector (app/kernels/rows_times_vector_triton.py), against the tensor-core tiles they
 replace at T = 1.
 
-    python3 bench/kernel_one_token.py OUT.json
+    python3 bench/kernel_one_token.py OUT.json [--registers]
 
 Dense (fp8_linear_triton.run_one_token): a layer's products as the engine stacks them (q/k/v 14336 × 4096, o
 4096 × 12288 with the residual add, the shared expert's gate + up 2816 × 4096 with SiLU * up, its down 4096 × 1408
@@ -11,11 +11,13 @@ a CUDA graph that cycles through copies of the weight exceeding the L2, as a dec
 `tiles` is the path it replaces (pick_tiles at T = 1, split-K and the finishing launch) in the same way.
 Experts (glu_experts_one_token.py): all 128 experts of a layer in slots, 8 picks, each kernel timed by the profiler
 (L2 flushed) on 8 disjoint routings; `tiles` is the tile plan's path (pick_config). Both sweep rows per program ×
-inputs per step × warps. Floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
+inputs per step × warps; with --registers, the defaults (and wider experts) under register caps
+(REGISTER_CAPS) instead. Floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
 """
 
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from app.kernels import glu_experts_one_token
 from app.kernels.expert_table import columns, slot_table
 from app.kernels.fp8_linear import fp8_linear_torch
-from app.kernels.fp8_linear_triton import pick_tiles, run_fp8_linear, run_one_token
+from app.kernels.fp8_linear_triton import one_token_tiles, pick_tiles, run_fp8_linear, run_one_token
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.glu_experts_triton import Projection, pick_config, run_experts
 from app.kernels.rows_times_vector_triton import RowTiles
@@ -50,6 +52,32 @@ SWEEP = [RowTiles(*t) for t in (
 GLU_SWEEP = [RowTiles(*t) for t in (
     (4, 512, 2), (2, 512), (4, 512, 4), (2, 512, 1, 16), (4, 512, 1, 16),
     (8, 512, 1, 16), (4, 1024, 1, 16), (8, 512, 2, 16), (2, 1024, 1, 16), (8, 1024, 2, 16))]
+
+
+# at most this many registers a thread (None: ptxas's choice): the defaults used 128-244 and ran 11-21 % occupied
+REGISTER_CAPS = (None, 128, 96, 80, 64)
+WIDER_EXPERTS = ((RowTiles(16, 1024, 4, 16), RowTiles(16, 512, 4, 16)),
+                 (RowTiles(8, 1024, 4, 16), RowTiles(8, 512, 4, 16)))
+
+
+def capped(tiles: RowTiles, caps=REGISTER_CAPS) -> list[RowTiles]:
+    return [replace(tiles, registers=cap) for cap in caps]
+
+
+def dense_sweep(name: str, registers: bool) -> list[RowTiles | None]:
+    """None is the tiled path it replaced."""
+    _, inputs, epilogue = DENSE[name]
+    if registers:
+        return capped(one_token_tiles(inputs, epilogue == "glu"))
+    return [None, *(GLU_SWEEP if epilogue == "glu" else SWEEP)]
+
+
+def expert_sweep(fmt: str, registers: bool) -> list[tuple[RowTiles, RowTiles] | None]:
+    if registers:
+        pairs = [(glu_experts_one_token.GATE_UP, glu_experts_one_token.DOWN), *WIDER_EXPERTS]
+        return [(gate_up, down) for pair in pairs for gate_up, down in zip(*(capped(t) for t in pair), strict=True)]
+    pairs = list(zip(GLU_SWEEP, SWEEP, strict=True))
+    return [None, *(pairs[:1] if fmt == "bf16" else pairs)]
 
 
 def dense_case(name: str, block, tiles: RowTiles | None) -> dict:
@@ -100,26 +128,26 @@ def expert_case(arenas, fmt: str, tiles: tuple[RowTiles, RowTiles] | None) -> di
             "bytes_read": bytes_read(arenas, order[0])}
 
 
-def main(out_path: str) -> None:
-    report, save = start_report(out_path, {"dense": DENSE, "experts": {"hidden": HIDDEN, "picks": PICKS}})
+def main(out_path: str, registers: bool) -> None:
+    report, save = start_report(out_path, {"dense": DENSE, "experts": {"hidden": HIDDEN, "picks": PICKS},
+                                           "sweep": "register caps" if registers else "tiles"})
     report["floor"] = "bytes (weights, scales, x, outputs, residual) / copy bandwidth (read + write counted)"
     copy = report["copy_bandwidth"]
     for fmt, block in FORMATS.items():
         for name in DENSE:
-            for tiles in [None, *(GLU_SWEEP if DENSE[name][2] == "glu" else SWEEP)]:
+            for tiles in dense_sweep(name, registers):
                 case = {"kind": "dense", "format": fmt, "weight": name, "tiles": repr(tiles) if tiles else "tiles"}
                 case |= attempt(dense_case, name, block, tiles)
                 if "graph_us" in case:
                     case["fraction_of_floor"] = case["bytes_read"] / copy / (case["graph_us"] * 1e-6)
                 report["cases"].append(case)
-                print(f"{fmt:15} {name:14} {case['tiles']:56} {case.get('graph_us', 0):6.1f} us "
+                print(f"{fmt:15} {name:14} {case['tiles']:72} {case.get('graph_us', 0):6.1f} us "
                       f"{case.get('fraction_of_floor', 0):.2f} err {case.get('relative_error', case.get('error'))}",
                       flush=True)
                 save()
-    for fmt in ("fp8-per-channel", "fp8-block128", "bf16"):
+    for fmt in ("fp8-per-channel", "fp8-block128") if registers else ("fp8-per-channel", "fp8-block128", "bf16"):
         arenas = make_arenas(fmt)
-        pairs = list(zip(GLU_SWEEP, SWEEP, strict=True))
-        for tiles in [None, *(pairs[:1] if fmt == "bf16" else pairs)]:
+        for tiles in expert_sweep(fmt, registers):
             case = {"kind": "experts", "format": fmt, "tiles": repr(tiles) if tiles else "tiles"}
             case |= attempt(expert_case, arenas, fmt, tiles)
             if "kernels_us" in case:
@@ -136,4 +164,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--registers" in sys.argv[2:])

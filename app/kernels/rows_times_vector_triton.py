@@ -15,7 +15,7 @@ row (`rows` divides its height, programs start at multiples of `rows`).
 """
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 import triton.language as tl
@@ -23,19 +23,22 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class RowTiles:
-    """A single-token launch: rows per program, inputs per step, warps per program, products a thread adds first."""
+    """A single-token launch: rows per program, inputs per step, warps per program, products a thread adds first,
+    and at most this many registers a thread (None: ptxas's choice; fewer leave room for more programs an SM)."""
 
     rows: int
     depth: int
     warps: int = 1
     fold: int = 1
+    registers: int | None = None
 
     def within(self, block_rows: int) -> "RowTiles":
         """These tiles with at most `block_rows` rows a program, dividing it (a block row of scales)."""
-        return RowTiles(math.gcd(self.rows, block_rows), self.depth, self.warps, self.fold)
+        return replace(self, rows=math.gcd(self.rows, block_rows))
 
     def constants(self) -> dict:
-        return dict(BLOCK_N=self.rows, BLOCK_K=self.depth, FOLD=self.fold, num_warps=self.warps)
+        capped = {} if self.registers is None else {"maxnreg": self.registers}
+        return dict(BLOCK_N=self.rows, BLOCK_K=self.depth, FOLD=self.fold, num_warps=self.warps, **capped)
 
 
 @triton.jit
