@@ -1,6 +1,6 @@
 """The FP8 dense linear kernel (app/kernels/fp8_linear_triton.py) on a CUDA GPU, at GLM-4.5-Air's dense shapes.
 
-    python3 bench/kernel_fp8_linear.py OUT.json
+    python3 bench/kernel_fp8_linear.py OUT.json [--prefill]
 
 Weights: GLM-4.5-Air's attention (q_proj 12288 × 4096, k/v_proj 1024 × 4096, o_proj 4096 × 12288), its dense
 MLP (layer 0, intermediate 10944) and shared expert (1408), as FP8 with one scale per output channel
@@ -10,7 +10,9 @@ MLP (layer 0, intermediate 10944) and shared expert (1408), as FP8 with one scal
 the L2, as a decode step reads each layer's weights once), and `bf16_cublas` (x @ W.T with the weight
 dequantized to bf16 at load, the engine's path before this kernel: twice the bytes). Bytes = weight + scale +
 x + output, each once; floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
-`split_sweep`: T = 1, k_proj and o_proj, per-channel, over weight tiles and split-K.
+`split_sweep`: T = 1, k_proj and o_proj, per-channel, over weight tiles and split-K. With --prefill instead: a
+prefill chunk (PREFILL_CHUNK tokens, and 128) of the large products, both formats, over tiles (PREFILL_SWEEP:
+tokens a tile, weight rows, inputs a step, warps, stages) against bf16 cuBLAS.
 """
 
 import math
@@ -26,6 +28,7 @@ from app.kernels.expert_tiles import Tiles
 from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.fp8_linear import fp8_linear_torch
 from app.kernels.fp8_linear_triton import pick_tiles, run_fp8_linear
+from app.plan import PREFILL_CHUNK
 from bench.kernel_gpt_oss_experts import attempt, start_report
 from tests.kernels.poison import poisoned_allocations
 
@@ -36,6 +39,11 @@ SHAPES = {  # zai-org/GLM-4.5-Air-FP8: (out, in)
 FORMATS = {"per-channel": None, "block128": (128, 128)}
 TOKEN_COUNTS = (1, 16, 128)
 L2_EXCEEDED = 256 << 20  # bytes of weight copies a graph cycles through
+PREFILL_SHAPES = ("q_proj", "o_proj", "dense_gate")
+PREFILL_SWEEP = [(block_m, Tiles(*tiles)) for block_m, tiles in (
+    (64, (128, 64, 8, 3)), (128, (128, 64, 8, 3)), (128, (128, 128, 8, 3)), (64, (256, 64, 8, 3)),
+    (128, (256, 64, 8, 3)), (64, (128, 128, 4, 4)), (128, (64, 128, 4, 4)), (64, (128, 64, 4, 4)),
+    (128, (128, 64, 4, 4)), (256, (128, 64, 8, 3)), (128, (128, 128, 8, 4)), (128, (256, 128, 8, 3)))]
 SWEEP = [(tiles, split) for tiles in (Tiles(32, 128, 4, 4), Tiles(64, 128, 4, 4), Tiles(16, 256, 4, 3))
          for split in (1, 2, 4, 8)]
 
@@ -86,11 +94,43 @@ def time_cublas(weight, scale, block, tokens: int) -> dict:
     return {"bf16_cublas_us": ms * 1e3, "bf16_bytes_read": bf16.nbytes + x.nbytes + tokens * weight.shape[0] * 2}
 
 
-def main(out_path: str) -> None:
+def prefill_sweep(report: dict, save) -> None:
+    sweep = report["sweeps"]["prefill"] = []
+    for fmt, block in FORMATS.items():
+        for name in PREFILL_SHAPES:
+            weight, scale = make_weight(*SHAPES[name], block)
+            for tokens in (PREFILL_CHUNK, 128):
+                cublas = attempt(time_cublas, weight, scale, block, tokens)
+                for block_m, tiles in [(None, None), *PREFILL_SWEEP]:
+                    chosen = None if tiles is None else (block_m, tiles, 1)
+                    row = {"format": fmt, "weight": name, "tokens": tokens, "tiles": repr(chosen) if chosen else
+                           f"default {pick_tiles(tokens, *SHAPES[name], 132)}", **cublas}
+                    row |= attempt(prefill_case, weight, scale, block, tokens, chosen)
+                    sweep.append(row)
+                    error = row.get("relative_error", row.get("error"))
+                    print(f"  prefill {fmt:11} {name:10} T={tokens} {row['tiles']:64} op {row.get('op_us', 0):6.1f} "
+                          f"us cuBLAS {row.get('bf16_cublas_us', 0):6.1f} us err {error}", flush=True)
+                    save()
+
+
+def prefill_case(weight, scale, block, tokens: int, tiles) -> dict:
+    x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
+    out = run_fp8_linear(x, weight, scale, block, tiles)
+    ref = fp8_linear_torch(x.float(), weight, scale, block)
+    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    ms = do_bench(lambda: run_fp8_linear(x, weight, scale, block, tiles), warmup=10, rep=50, return_mode="median")
+    return {"relative_error": error, "op_us": ms * 1e3}
+
+
+def main(out_path: str, prefill: bool) -> None:
     report, save = start_report(out_path, {"dense": SHAPES, "activations": "bf16"})
     report["shapes"].pop("routing")
     report["floor"] = "bytes (weight, scales, x, output) / copy bandwidth (read + write counted)"
     copy = report["copy_bandwidth"]
+    if prefill:
+        prefill_sweep(report, save)
+        save()
+        return
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     for fmt, block in FORMATS.items():
         for name, (out_features, inputs) in SHAPES.items():
@@ -124,4 +164,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--prefill" in sys.argv[2:])
