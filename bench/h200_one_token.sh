@@ -2,7 +2,6 @@
 # The single-token kernels (rows times one vector) on the GPU machine, from the repository root there:
 #   bash bench/h200_one_token.sh kernels   # their CUDA tests, then bench/kernel_one_token.py (sweeps)
 #   bash bench/h200_one_token.sh registers # bench/kernel_one_token.py --registers (the defaults, registers capped)
-#   bash bench/h200_one_token.sh prefill   # the FP8 dense products' CUDA tests and prefill sweep (--prefill)
 #   bash bench/h200_one_token.sh decode    # GLM-4.5-Air-FP8 decoding fully resident, the engine's CUDA tests,
 #                                          # GLM's step profile; gpt-oss-120b and -20b fully resident (MODELS),
 #                                          # each way of stepping in STEPS (ahead; e.g. ahead,in-turn); PROFILE=0
@@ -45,16 +44,6 @@ PY
     --section WarpStateStats --section MemoryWorkloadAnalysis python3 /tmp/one_token.py > "$out/ncu-one-token.txt" 2>&1
   grep -E "^  [a-z_]+kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per|Issued Warp|Warp Cycles Per Issued" \
     "$out/ncu-one-token.txt" | head -30
-  exit 0
-fi
-
-if [ "$phase" = prefill ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_fp8_linear_cuda.py tests/kernels/test_fp8_prefill.py tests/engine/spec/test_spec_cuda.py \
-    > "$out/cuda-tests-prefill.log" 2>&1
-  echo "pytest exit status $?" >> "$out/cuda-tests-prefill.log"
-  tail -4 "$out/cuda-tests-prefill.log"
-  python3 bench/kernel_fp8_linear.py "$out/kernel-fp8-prefill.json" --prefill 2>&1 | grep -E "default|Tiles\(features=128, depth=128, warps=8, stages=3\), 1\)" \
-    | tee "$out/kernel-fp8-prefill.log"
   exit 0
 fi
 

@@ -10,11 +10,10 @@ dense MLP 10944, shared expert 1408):
   [split, T, out] added by one more launch (`_finish_kernel`), which also applies the epilogues (a launch
   without splits but with an epilogue writes one float32 share for it): deterministic, no atomics, a buffer of
   T × out floats per split.
-- T > 16 (prefill chunks) with a per-channel weight and 16-bit activations on a GPU goes to cuBLAS's FP8 GEMM
-  with the activations quantized per token, as the checkpoint quantizes them (fp8_prefill.py). Otherwise (block
-  scales, float32) the same kernel with 64 tokens × 128 rows × 64 inputs, no split: 2.5× bf16 cuBLAS's time at
-  256 tokens, the sweep's best tiles 2.2× (bench/NOTES.md). Dequantizing to bf16 for cuBLAS would move 1 + 2 + 2
-  bytes per weight rather than 1 and need a bf16 copy of the weight (96 MiB for o_proj) that the plan does not hold.
+- T > 16 (prefill chunks) is bound by compute: the same kernel with 64 tokens × 128 rows × 64 inputs, no
+  split. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
+  and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold; at a 256-token
+  chunk q_proj is 26 GFLOP against 50 MB of FP8, so tensor-core tiles decide the time, not the conversion.
 """
 
 import math
@@ -24,7 +23,6 @@ import triton
 import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
-from app.kernels.fp8_prefill import w8a8_fits, w8a8_linear
 from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
@@ -56,8 +54,6 @@ def run_fp8_linear(
     tokens, in_features = x.shape
     if tokens == 1 and tiles is None:
         return run_one_token(x, weight, scale, block, glu, residual)
-    if tokens > DECODE_TOKENS and tiles is None and w8a8_fits(x, weight, block):
-        return w8a8_linear(x, weight, scale, glu, residual)
     projection = _projection(weight, scale, block, in_features)
     out_features = weight.shape[0]
     x = x.contiguous()
