@@ -255,12 +255,14 @@ CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H20
 @dataclass(frozen=True)
 class LayerOverheads:
     """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
-    issuing the copies. Measured on an H200 host (bench/NOTES.md). Resident, 2026-12-02 (fused layer kernels and
-    single-token kernels): gpt-oss-20b 63 µs a layer, -120b 67, GLM-4.5-Air-FP8 88 (so its prediction is ~12 %
-    high). Misses served on the device: fitted to gpt-oss-20b's runs at 50, 25 and 10 % of the experts (trace and
-    uniform routing, 2026-12-01/02), all within 10 %; experts on disk: 2026-11-29."""
+    issuing the copies. Measured on an H200 host (bench/NOTES.md). Resident, 2026-12-03 (fused layer kernels,
+    single-token kernels, passes run one ahead of the host): fitted to gpt-oss-20b, 53 µs a layer; -120b takes 61,
+    GLM-4.5-Air-FP8 74 (so their predictions are ~7 and ~16 % high). Misses served on the device, whose steps wait
+    for their tokens (63-67 µs a layer resident that way, 2026-12-02): fitted to gpt-oss-20b's runs at 50, 25 and
+    10 % of the experts (trace and uniform routing, 2026-12-01/02), all within 10 %; experts on disk: 2026-11-29."""
 
-    graph_s: float = 0.065e-3  # the step is one CUDA graph: every expert resident, or misses served on the device
+    resident_s: float = 0.053e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
+    graph_s: float = 0.065e-3  # misses served on the device: one CUDA graph, each step waiting for its token
     segmented_s: float = 0.37e-3  # some experts on disk: a graph per layer around the host's expert work
     device_misses_s: float = 0.15e-3  # per MoE layer: resolving and fetching misses on the device
 
@@ -379,7 +381,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     overheads = hardware.overheads
     link_bps = hardware.link_bps
     if placement.expert_slots >= facts.total_experts:
-        overhead_s = facts.num_layers * overheads.graph_s
+        overhead_s = facts.num_layers * overheads.resident_s
     elif placement.disk_experts:  # the host copies misses (engine: experts/cache.py)
         overhead_s = facts.num_layers * overheads.segmented_s
     else:  # misses served on the device

@@ -8,5 +8,5 @@ from app.plan import Hardware, LayerOverheads
 # bounds them, not memory), float32 matrix-vector products stream ~35 GB/s, and eager torch costs 0.65-1.2 ms a
 # layer around them (attention, norms, router: about 75 small ops; the more other work shares the cores, the more),
 # 0.85 ms here. The CPU computes every expert already: it is no second expert tier.
-CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=35e9, flops=12e9, overheads=LayerOverheads(0.85e-3, 0.85e-3),
-                        cpu_experts=None)
+CPU_HARDWARE = Hardware(link_bps=10e9, memory_bps=35e9, flops=12e9, cpu_experts=None,
+                        overheads=LayerOverheads(resident_s=0.85e-3, graph_s=0.85e-3, segmented_s=0.85e-3))
