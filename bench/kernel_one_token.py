@@ -60,8 +60,8 @@ WIDER_EXPERTS = ((RowTiles(16, 1024, 4, 16), RowTiles(16, 512, 4, 16)),
                  (RowTiles(8, 1024, 4, 16), RowTiles(8, 512, 4, 16)))
 
 
-def capped(tiles: RowTiles, caps=REGISTER_CAPS) -> list[RowTiles]:
-    return [replace(tiles, registers=cap) for cap in caps]
+def capped(tiles: RowTiles) -> list[RowTiles]:
+    return [replace(tiles, registers=cap) for cap in REGISTER_CAPS]
 
 
 def dense_sweep(name: str, registers: bool) -> list[RowTiles | None]:

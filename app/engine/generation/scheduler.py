@@ -125,9 +125,7 @@ class Scheduler:
         for sequence, plan, (tokens, kept) in zip(sequences, plans, results, strict=True):
             if sequence.sizer and len(sequences) == 1:  # what a step costs is learnt from the steps run alone
                 sequence.sizer.record(len(plan.block), kept, seconds, work.bytes_fetched / experts.store.expert_bytes)
-            sequence.expert_cache = sequence.expert_cache.plus(work)
-            sequence.steps += 1
-            sequence.batched_with += len(sequences)
+            _count_step(sequence, work, len(sequences))
             if sequence.speculator:
                 sequence.block_sizes.append(len(plan.block))
                 sequence.accepted.append(kept)
@@ -161,10 +159,8 @@ class Scheduler:
 
     def _read_ahead(self, sequence: Sequence, ahead: AheadPass, following: AheadPass | None) -> list[Tokens | Done]:
         token, stats = ahead.read()
-        sequence.expert_cache = sequence.expert_cache.plus(stats.since(self._cache_stats))
+        _count_step(sequence, stats.since(self._cache_stats), 1)
         self._cache_stats = stats
-        sequence.steps += 1
-        sequence.batched_with += 1
         sequence.ahead = None
         events = self._emit(sequence, [token], 0, None)
         if sequence.request_id in self.sequences:
@@ -232,6 +228,13 @@ class Scheduler:
                              sequence.block_sizes, accepted, sum(accepted) / len(accepted) if accepted else 0.0)
         mean_size = sequence.batched_with / sequence.steps if sequence.steps else 0.0
         return replace(stats, spec=spec, batch=BatchStats(sequence.steps, mean_size) if self.batch_stats else None)
+
+
+def _count_step(sequence: Sequence, work: CacheStats, batch_size: int) -> None:
+    """A step's expert-cache work and its batch's size, counted for a sequence that was in it."""
+    sequence.expert_cache = sequence.expert_cache.plus(work)
+    sequence.steps += 1
+    sequence.batched_with += batch_size
 
 
 def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
