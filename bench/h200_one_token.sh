@@ -5,7 +5,8 @@
 #   bash bench/h200_one_token.sh decode    # GLM-4.5-Air-FP8 decoding fully resident, the engine's CUDA tests,
 #                                          # GLM's step profile; gpt-oss-120b and -20b fully resident (MODELS),
 #                                          # each way of stepping in STEPS (ahead; e.g. ahead,in-turn); PROFILE=0
-#                                          # skips the profile
+#                                          # skips the profile; BASE=tree.tar (git archive of an earlier commit's
+#                                          # app, tests and bench) first decodes GLM the same way in that tree
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
 phase=${1:?kernels or decode}
@@ -55,10 +56,17 @@ fi
 
 steps=${STEPS:-ahead}
 if [ "$phase" = decode ]; then
+  if [ -n "${BASE:-}" ]; then  # the earlier commit on the same checkpoint, in the same call: an A/B
+    mkdir -p /tmp/base && tar -xf "$BASE" -C /tmp/base
+    (cd /tmp/base && timeout 200 python3 bench/decode_glm.py "$out/decode-glm-base.json" --folder /tmp/glm \
+      --fractions 1.0 --routing uniform --misses device --new 64 --repeats 2 --steps "$steps" 2>&1 \
+      | tee "$out/decode-glm-base.log" | grep -v '^{')
+  fi
   timeout 200 python3 bench/decode_glm.py "$out/decode-glm.json" --folder /tmp/glm --fractions 1.0 --routing uniform \
     --misses device --new 64 --repeats 2 --steps "$steps" 2>&1 | tee "$out/decode-glm.log" | grep -v '^{'
   rm -rf /tmp/glm
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/engine/test_glm_cuda.py tests/kernels/test_decode_layer_cuda.py \
+  timeout 170 python3 -m pytest -q -p no:cacheprovider tests/engine/test_glm_cuda.py tests/kernels/test_decode_layer_cuda.py \
+    tests/kernels/test_glu_experts_cuda.py \
     tests/engine/test_cuda.py > "$out/cuda-tests-engine.log" 2>&1
   echo "pytest exit status $?" >> "$out/cuda-tests-engine.log"
   tail -4 "$out/cuda-tests-engine.log"
@@ -66,7 +74,7 @@ if [ "$phase" = decode ]; then
     timeout 80 python3 bench/profile_decode_step.py "$out/profile-glm.json" --model glm --layers 4 --folder /tmp/glm4 \
       2>&1 | tee "$out/profile-glm.log" | head -40
   fi
-  for model in ${MODELS:-120b 20b}; do
+  for model in ${MODELS-120b 20b}; do
     timeout 240 python3 bench/decode_gpt_oss.py "$out/decode-gpt-oss-$model.json" --model "$model" \
       --folder "/tmp/g$model" --fractions 1.0 --routing model --misses device --new 128 --repeats 2 --steps "$steps" 2>&1 \
       | tee "$out/decode-gpt-oss-$model.log" | grep -v '^{'

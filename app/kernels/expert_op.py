@@ -14,12 +14,19 @@ class ExpertOp:
     (-1: skip); `from_table(hidden, arenas, table, rows, weights)` reads where the table's rows point, None
     where only the torch reference runs; `capturable`: it needs no host work (a CUDA graph can hold it);
     `on_host(arenas)`, the C kernel's name and its structure over host arenas (cpu/library.py), for the CPU expert
-    tier (None: these experts have no C kernel)."""
+    tier (None: these experts have no C kernel); `takes_shared(tokens, arenas)`, whether `by_slots` can add a shared
+    expert's address row (expert_table.address_row) to those tokens' picks, as `shared=` (None: never)."""
 
     by_slots: Callable[..., torch.Tensor]
     from_table: Callable[..., torch.Tensor] | None
     capturable: bool
     on_host: Callable[[dict[str, torch.Tensor]], tuple[str, ctypes.Structure]] | None = None
+    takes_shared: Callable[[int, dict[str, torch.Tensor]], bool] | None = None
 
-    def __call__(self, hidden, arenas, slots, weights) -> torch.Tensor:
-        return self.by_slots(hidden, arenas, slots, weights)
+    def adds_shared(self, tokens: int, arenas: dict[str, torch.Tensor]) -> bool:
+        return self.takes_shared is not None and self.takes_shared(tokens, arenas)
+
+    def __call__(self, hidden, arenas, slots, weights, shared: torch.Tensor | None = None) -> torch.Tensor:
+        if shared is None:
+            return self.by_slots(hidden, arenas, slots, weights)
+        return self.by_slots(hidden, arenas, slots, weights, shared=shared)

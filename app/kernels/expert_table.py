@@ -32,6 +32,19 @@ def slot_table(arenas: dict[str, torch.Tensor]) -> torch.Tensor:
 _slot_tables: dict[tuple, torch.Tensor] = {}
 
 
+def address_row(tensors: dict[str, torch.Tensor], arenas: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """A table row [1, C] for one expert kept outside the arenas (GLM's shared expert), whose tensors have the
+    names, shapes and dtypes of one slot of `arenas`; None where they do not, or where one starts off 16 bytes."""
+    first = next(iter(arenas.values()))
+    if set(tensors) != set(arenas) or any(
+        t.shape != arenas[name].shape[1:] or t.dtype != arenas[name].dtype or t.device != first.device
+        or not t.is_contiguous() or t.data_ptr() % 16 for name, t in tensors.items()
+    ):
+        return None
+    return torch.tensor([[tensors[name].data_ptr() for name in columns(arenas)]], dtype=torch.int64,
+                        device=first.device)
+
+
 def device_addresses(tensors: list[torch.Tensor], device: torch.device) -> list[int]:
     """The address at which kernels on `device` read each tensor (host tensors must be page-locked there)."""
     if device.type != "cuda":
@@ -50,6 +63,19 @@ def _address_kernel(tensor_ptr, out_ptr):
 @triton.jit
 def row_pointer(table_ptr, row, column, COLUMNS: tl.constexpr, like):
     """The pointer in column `column` of row `row` of a [R, COLUMNS] table, typed as the pointer `like`."""
-    address = tl.load(table_ptr + row * COLUMNS + column)
-    # every expert tensor starts 16-byte aligned (arena slots, the host store's 512): wide loads and stores
+    return _typed(tl.load(table_ptr + row * COLUMNS + column), like)
+
+
+@triton.jit
+def row_or_own_pointer(table_ptr, row, own_ptr, is_own, column, COLUMNS: tl.constexpr, like):
+    """`row_pointer` of row `row` (>= 0), or where `is_own` the one in column `column` of the one-row table
+    `own_ptr` (an expert outside the table, as `address_row` gives it)."""
+    address = tl.where(is_own, tl.load(own_ptr + column), tl.load(table_ptr + row * COLUMNS + column))
+    return _typed(address, like)
+
+
+@triton.jit
+def _typed(address, like):
+    # every expert tensor starts 16-byte aligned (arena slots, the host store's 512, `address_row`'s check): wide
+    # loads and stores
     return tl.multiple_of(address.to(tl.pointer_type(like.dtype.element_ty)), 16)

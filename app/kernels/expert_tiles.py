@@ -74,14 +74,16 @@ def plan_tiles(slots: torch.Tensor, num_slots: int, pairs_per_tile: int) -> Tile
     return plan
 
 
-def sum_picks(per_pick: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """per_pick [T * k, H] float32 (rows of skipped picks never read), slots [T, k] -> [T, H] in `dtype`."""
+def sum_picks(per_pick: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, always: int = 0) -> torch.Tensor:
+    """per_pick [T * (k + always), H] float32 (rows of skipped picks never read), slots [T, k] -> [T, H] in `dtype`;
+    each token's last `always` rows are taken whatever the slots say (a shared expert's)."""
     tokens, picks = slots.shape
     hidden_size = per_pick.shape[1]
     out = torch.empty((tokens, hidden_size), dtype=dtype, device=per_pick.device)
     block_t, block_h = min(16, triton.next_power_of_2(tokens)), 256
     _sum_picks_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(hidden_size, block_h))](
-        per_pick, slots.contiguous(), out, tokens, hidden_size, PICKS=picks, BLOCK_T=block_t, BLOCK_H=block_h,
+        per_pick, slots.contiguous(), out, tokens, hidden_size, PICKS=picks, ALWAYS=always, BLOCK_T=block_t,
+        BLOCK_H=block_h,
     )
     return out
 
@@ -150,15 +152,17 @@ def store_activations(
 @triton.jit
 def _sum_picks_kernel(
     per_pick_ptr, slots_ptr, out_ptr, tokens, hidden_size,
-    PICKS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    PICKS: tl.constexpr, ALWAYS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     columns = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)
-    for pick in tl.static_range(PICKS):
-        pair = token * PICKS + pick
-        taken = tl.load(slots_ptr + pair, mask=token < tokens, other=-1) >= 0
-        rows = per_pick_ptr + pair[:, None] * hidden_size + columns[None, :]
+    for pick in tl.static_range(PICKS + ALWAYS):
+        if pick < PICKS:
+            taken = tl.load(slots_ptr + token * PICKS + pick, mask=token < tokens, other=-1) >= 0
+        else:
+            taken = token < tokens
+        rows = per_pick_ptr + (token * (PICKS + ALWAYS) + pick)[:, None] * hidden_size + columns[None, :]
         acc += tl.load(rows, mask=taken[:, None] & (columns[None, :] < hidden_size), other=0.0)
     tl.store(
         out_ptr + token[:, None] * hidden_size + columns[None, :], acc.to(out_ptr.dtype.element_ty),

@@ -57,12 +57,20 @@ def glu_experts(
     slots: torch.Tensor,
     weights: torch.Tensor,
     fp8_block: tuple[int, int] | None = None,
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`glu_experts_torch` in Triton: one launch per projection for all tokens and picks."""
+    """`glu_experts_torch` in Triton: one launch per projection for all tokens and picks; `shared` [1, C], the
+    address row of an expert added at weight 1 where `runs_one_token`."""
     # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
     from app.kernels.glu_experts_triton import run_experts
 
-    return run_experts(hidden, arenas, slots, weights, fp8_block)
+    return run_experts(hidden, arenas, slots, weights, fp8_block, shared=shared)
+
+
+def runs_one_token(tokens: int, arenas: dict[str, torch.Tensor]) -> bool:
+    """Whether the Triton op sends these picks to the one-token kernels (glu_experts_one_token.py), which can add a
+    shared expert: one token's FP8 experts (16-bit ones measured faster on the tiles)."""
+    return tokens == 1 and arenas["gate_proj.weight"].element_size() == 1
 
 
 def glu_experts_cpu(
@@ -115,7 +123,8 @@ def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
 
 def glu_expert_op(device: torch.device, fp8_block: tuple[int, int] | None) -> ExpertOp:
     """The op a GLM model hands its expert cache."""
-    by_table = partial(glu_experts_from_table, fp8_block=fp8_block) if triton_runs(device) else None
+    kernels = triton_runs(device)
+    by_table = partial(glu_experts_from_table, fp8_block=fp8_block) if kernels else None
     on_host = partial(glu_on_host, fp8_block=fp8_block) if cpu.library() else None
     return ExpertOp(partial(glu_experts_op(device), fp8_block=fp8_block), by_table, capturable=device.type == "cuda",
-                    on_host=on_host)
+                    on_host=on_host, takes_shared=runs_one_token if kernels else None)

@@ -8,13 +8,16 @@ return at once. No tile plan: one token's picks are distinct experts, so there i
 
 - gate_up: a program's gate rows and the same features' up rows, SiLU(gate) * up -> activations [k, W].
 - down: routing weight in the epilogue -> one float32 row per pick [k, H], which `sum_picks` adds.
+
+An expert every token takes at weight 1 (GLM's shared expert, in the routed experts' format) can run as one more
+pick, from its own table row: its products then cost no launches of their own.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_table import row_pointer
+from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
@@ -30,56 +33,70 @@ def run_one_token(
     weights: torch.Tensor,
     names: tuple[str, ...],
     tiles: tuple[RowTiles, RowTiles] = (GATE_UP, DOWN),
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """hidden [1, H], `projections` (gate, up, down: glu_experts_triton.Projection), rows [1, k] of the address table
-    [R, C] (-1: skip), weights [1, k] -> [1, H]. `names` are the table's columns."""
+    [R, C] (-1: skip), weights [1, k] -> [1, H]. `names` are the table's columns; `shared` [1, C], the table row of
+    an expert added at weight 1 (expert_table.address_row)."""
     gate, up, down = projections
     picks = rows.numel()
+    programs = picks + (shared is not None)  # the shared expert's are the last
+    own = table if shared is None else shared
     width, hidden_size = gate.weight.shape[1:]
-    activations = torch.empty((picks, width), dtype=hidden.dtype, device=hidden.device)
+    activations = torch.empty((programs, width), dtype=hidden.dtype, device=hidden.device)
     gate_up, down_tiles = gate.inside_scale_blocks(tiles[0]), down.inside_scale_blocks(tiles[1])
-    _gate_up_kernel[(picks, triton.cdiv(width, gate_up.rows))](
-        hidden, *gate.typed_pointers(), table, rows, activations,
+    _gate_up_kernel[(programs, triton.cdiv(width, gate_up.rows))](
+        hidden, *gate.typed_pointers(), table, rows, own, activations,
         *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
-        H=hidden_size, W=width, COLUMNS=len(names), **gate.scale_constants(), **gate_up.constants(),
+        H=hidden_size, W=width, PICKS=picks, COLUMNS=len(names), **gate.scale_constants(), **gate_up.constants(),
     )
-    per_pick = torch.empty((picks, hidden_size), dtype=torch.float32, device=hidden.device)
-    _down_kernel[(picks, triton.cdiv(hidden_size, down_tiles.rows))](
-        activations, *down.typed_pointers(), table, rows, weights, per_pick, *down.table_columns(names, "down_proj"),
-        H=hidden_size, W=width, COLUMNS=len(names), **down.scale_constants(), **down_tiles.constants(),
+    per_pick = torch.empty((programs, hidden_size), dtype=torch.float32, device=hidden.device)
+    _down_kernel[(programs, triton.cdiv(hidden_size, down_tiles.rows))](
+        activations, *down.typed_pointers(), table, rows, own, weights, per_pick,
+        *down.table_columns(names, "down_proj"),
+        H=hidden_size, W=width, PICKS=picks, COLUMNS=len(names), **down.scale_constants(), **down_tiles.constants(),
     )
-    return sum_picks(per_pick, rows, hidden.dtype)
+    return sum_picks(per_pick, rows, hidden.dtype, always=programs - picks)
 
 
 @triton.jit
-def _expert_rows(table_ptr, row, weight_column, scale_column, weight_ptr, scale_ptr, features, first,
+def _pick_row(rows_ptr, pick, PICKS: tl.constexpr):
+    """The table row of a program's pick (-1: skipped), and whether the pick is the shared expert (row 0 then)."""
+    shared = pick == PICKS
+    row = tl.load(rows_ptr + tl.minimum(pick, PICKS - 1)).to(tl.int64)  # int64: row * expert size passes 2^31
+    return tl.where(shared, 0, row), shared
+
+
+@triton.jit
+def _expert_rows(table_ptr, row, own_ptr, shared, weight_column, scale_column, weight_ptr, scale_ptr, features, first,
                  N: tl.constexpr, K: tl.constexpr, COLUMNS: tl.constexpr,
                  SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr):
-    """`weight_rows` of `features` of the expert in row `row` of the address table."""
+    """`weight_rows` of `features` of the expert in row `row` of the address table (the shared one's own row where
+    `shared`)."""
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
-    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
-    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
+    weights = row_or_own_pointer(table_ptr, row, own_ptr, shared, weight_column, COLUMNS, weight_ptr)
+    scales = row_or_own_pointer(table_ptr, row, own_ptr, shared, scale_column, COLUMNS, scale_ptr)
     return weight_rows(weights, scales, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
 
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, weight_ptr, scale_ptr, table_ptr, rows_ptr, activations_ptr,
+    hidden_ptr, weight_ptr, scale_ptr, table_ptr, rows_ptr, own_ptr, activations_ptr,
     gate_column, gate_scale_column, up_column, up_scale_column,
-    H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr,
+    H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
 ):
     pick = tl.program_id(0)
-    row = tl.load(rows_ptr + pick).to(tl.int64)  # int64: row * expert size passes 2^31
+    row, shared = _pick_row(rows_ptr, pick, PICKS)
     if row < 0:
         return
     first = tl.program_id(1) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
-    gate_rows, gate_scales = _expert_rows(table_ptr, row, gate_column, gate_scale_column, weight_ptr, scale_ptr,
-                                          features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
-    up_rows, up_scales = _expert_rows(table_ptr, row, up_column, up_scale_column, weight_ptr, scale_ptr,
-                                      features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
+    gate_rows, gate_scales = _expert_rows(table_ptr, row, own_ptr, shared, gate_column, gate_scale_column, weight_ptr,
+                                          scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
+    up_rows, up_scales = _expert_rows(table_ptr, row, own_ptr, shared, up_column, up_scale_column, weight_ptr,
+                                      scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
     gate = rows_times_vector(hidden_ptr, gate_rows, gate_scales, H, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
     up = rows_times_vector(hidden_ptr, up_rows, up_scales, H, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
     activation = gate * tl.sigmoid(gate) * up
@@ -89,20 +106,21 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
+    activations_ptr, weight_ptr, scale_ptr, table_ptr, rows_ptr, own_ptr, routing_ptr, per_pick_ptr,
     weight_column, scale_column,
-    H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr,
+    H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
 ):
     pick = tl.program_id(0)
-    row = tl.load(rows_ptr + pick).to(tl.int64)
+    row, shared = _pick_row(rows_ptr, pick, PICKS)
     if row < 0:
         return
     first = tl.program_id(1) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
-    w_rows, scales = _expert_rows(table_ptr, row, weight_column, scale_column, weight_ptr, scale_ptr,
+    w_rows, scales = _expert_rows(table_ptr, row, own_ptr, shared, weight_column, scale_column, weight_ptr, scale_ptr,
                                   features, first, H, W, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
     acc = rows_times_vector(activations_ptr + pick * W, w_rows, scales, W, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
-    acc = acc * tl.load(routing_ptr + pick).to(tl.float32)
+    routing = tl.load(routing_ptr + tl.minimum(pick, PICKS - 1)).to(tl.float32)
+    acc = acc * tl.where(shared, 1.0, routing)
     tl.store(per_pick_ptr + pick * H + features, acc, mask=features < H)

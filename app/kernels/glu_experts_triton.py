@@ -34,6 +34,7 @@ from app.kernels.expert_tiles import (
     sum_picks,
     tile_rows,
 )
+from app.kernels.glu_experts import runs_one_token
 from app.kernels.glu_experts_one_token import run_one_token
 from app.kernels.rows_times_vector_triton import RowTiles
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
@@ -100,9 +101,11 @@ def run_experts(
     weights: torch.Tensor,
     fp8_block: tuple[int, int] | None = None,
     config: LaunchConfig | None = None,
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
-    return run_from_table(hidden, arenas, slot_table(arenas), slots, weights, fp8_block, config)
+    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]; `shared`: see
+    `run_from_table`."""
+    return run_from_table(hidden, arenas, slot_table(arenas), slots, weights, fp8_block, config, shared)
 
 
 def run_from_table(
@@ -113,9 +116,11 @@ def run_from_table(
     weights: torch.Tensor,
     fp8_block: tuple[int, int] | None = None,
     config: LaunchConfig | None = None,
+    shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`run_experts` reading each expert where its row of the address table [R, C] points: rows [T, k] (-1:
-    skip). The arenas give the tensors' names, shapes and dtypes (the table's columns)."""
+    skip). The arenas give the tensors' names, shapes and dtypes (the table's columns). `shared` [1, C], the row of
+    an expert added at weight 1 (expert_table.address_row), where `runs_one_token`."""
     tokens, picks = rows.shape
     chunk = max(1, MAX_PAIRS // picks)
     if tokens > chunk:
@@ -132,8 +137,9 @@ def run_from_table(
     assert hidden.shape[1] == hidden_size and down.weight.shape == (num_slots, hidden_size, width)
     names = columns(arenas)
 
-    if tokens == 1 and config is None and gate.kind != NO_SCALE:  # 16-bit weights: the tiles measured faster
-        return run_one_token(hidden, (gate, up, down), table, rows, weights, names)
+    if config is None and runs_one_token(tokens, arenas):
+        return run_one_token(hidden, (gate, up, down), table, rows, weights, names, shared=shared)
+    assert shared is None, "a shared expert runs as a pick of the one-token kernels only (runs_one_token)"
     config = config or pick_config(rows.numel())
     num_pairs, device = rows.numel(), hidden.device
     plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)

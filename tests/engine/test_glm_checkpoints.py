@@ -60,11 +60,11 @@ def test_routed_experts_stay_fp8_with_their_scales_in_the_store_and_the_cache(va
 def test_an_fp8_scale_of_the_wrong_shape_is_one_clear_error(tiny_glm, tmp_path):
     folder = shutil.copytree(tiny_glm("glm_moe_dsa_fp8"), tmp_path / "model")
     name = "model.layers.1.mlp.experts.3.down_proj.weight_scale_inv"
-    rewrite_tensors(folder, lambda tensors: {**tensors, name: torch.ones(2, 2)} if name in tensors else tensors)
+    rewrite_tensors(folder, lambda tensors: {**tensors, name: torch.ones(3, 2)} if name in tensors else tensors)
     with pytest.raises(UserError) as error:
         load(folder)
     assert str(error.value) == (
-        f"FP8 scale '{name}' has shape [2, 2] but a [64, 32] weight with 32×32 blocks needs [2, 1]: "
+        f"FP8 scale '{name}' has shape [3, 2] but a [64, 64] weight with 32×32 blocks needs [2, 2]: "
         "the weights do not match config.json"
     )
 

@@ -60,3 +60,27 @@ def test_bfloat16_logits_stay_close_to_float32(variant, tiny_glm):
         got = half.forward(ids, half.new_kv_cache(64))
     positions = getattr(exact.config, "index_topk", len(PROMPT))
     assert (got - expected)[:positions].abs().max() <= 0.1 * expected.abs().max()
+
+
+@pytest.mark.parametrize("variant", [name for name, (_, _, fp8) in VARIANTS.items() if fp8 is not None])
+def test_the_shared_expert_as_a_routed_pick_gives_the_logits_of_its_own_mlp(variant, tiny_glm):
+    """Resident FP8 experts at one token: the shared expert runs as one more pick of the routed experts' launches
+    (glu_experts_one_token.py), against the same model with it in its own two products."""
+    model = load(tiny_glm(variant), "cuda").model
+    moes = list(model.moe_layers.values())
+    rows = [moe.shared_row for moe in moes]
+    assert all(row is not None for row in rows)
+    token = torch.tensor([PROMPT[-1]], device="cuda")
+
+    def logits_of_a_decode_step(shared_rows) -> torch.Tensor:
+        for moe, row in zip(moes, shared_rows, strict=True):
+            moe.shared_row = row
+        cache = model.new_kv_cache(64)
+        model.forward(torch.tensor(PROMPT, device="cuda"), cache)  # a prompt's tokens: the shared MLP apart
+        return model.forward(token, cache)
+
+    with torch.inference_mode():
+        assert moes[0].routing(torch.randn(1, model.config.hidden_size, device="cuda")).shared is rows[0]
+        together = logits_of_a_decode_step(rows)
+        apart = logits_of_a_decode_step([None] * len(moes))
+    assert (together - apart).abs().max() <= 1e-4 * apart.abs().max()

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from app.kernels import glu_experts_triton
-from app.kernels.expert_table import columns, slot_table
-from app.kernels.glu_experts import glu_experts, glu_experts_op, glu_experts_torch
+from app.kernels.expert_table import address_row, columns, slot_table
+from app.kernels.glu_experts import glu_expert_op, glu_experts, glu_experts_op, glu_experts_torch
 from app.kernels.glu_experts_one_token import run_one_token
 from app.kernels.glu_experts_triton import LaunchConfig, Projection, Tiles
 from app.kernels.rows_times_vector_triton import RowTiles
@@ -87,6 +87,68 @@ def test_one_token_tiles_match_reference(fmt, tiles):
         out = run_one_token(hidden, projections, slot_table(arenas), slots, weights, columns(arenas), (tiles, tiles))
     ref = glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
     assert relative_error(out, ref) < 1e-5
+
+
+def shared_expert(fmt: str, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """One more expert in the arenas' format, in tensors of its own (GLM's shared expert)."""
+    return {name: arena[0].clone() for name, arena in random_arenas(1, fmt, generator).items()}
+
+
+def shared_reference(hidden: torch.Tensor, shared: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
+    """The shared expert's output at weight 1, by the torch reference."""
+    one_slot = {name: t[None] for name, t in shared.items()}
+    return glu_experts_torch(hidden, one_slot, torch.zeros(1, 1, dtype=torch.long), torch.ones(1, 1), FORMATS[fmt])
+
+
+# the shared expert as one more pick: beside routed picks (some skipped), and alone where every pick is skipped
+@pytest.mark.parametrize(("fmt", "skip_all", "tiles"), [
+    ("per-channel", False, RowTiles(16, 64, warps=2, fold=16)),
+    ("block32", False, RowTiles(8, 16)),
+    ("block128", True, RowTiles(4, 64, fold=2)),
+])
+def test_one_token_adds_a_shared_expert_from_its_own_row(fmt, skip_all, tiles):
+    generator = torch.Generator().manual_seed(len(fmt) + 3 * skip_all)
+    arenas, shared = random_arenas(7, fmt, generator), shared_expert(fmt, generator)
+    slots, weights = random_routing(1, 5, 7, generator)
+    if skip_all:
+        slots.fill_(-1)
+    hidden = torch.randn(1, HIDDEN, generator=generator)
+    projections = tuple(Projection.of(arenas, name, FORMATS[fmt]) for name in ("gate_proj", "up_proj", "down_proj"))
+    row = address_row(shared, arenas)
+    with poisoned_allocations():
+        out = run_one_token(hidden, projections, slot_table(arenas), slots, weights, columns(arenas), (tiles, tiles),
+                            shared=row)
+    routed = glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
+    alone = shared_reference(hidden, shared, fmt)
+    assert alone.abs().max() > 0.1 * routed.abs().max()  # the shared expert's part outweighs the tolerance
+    assert relative_error(out, routed + alone) < 1e-5
+
+
+def test_the_op_takes_a_shared_expert_for_one_token_of_fp8_experts():
+    generator = torch.Generator().manual_seed(2)
+    arenas, shared = random_arenas(6, "block32", generator), shared_expert("block32", generator)
+    op = glu_expert_op(torch.device("cpu"), FORMATS["block32"])
+    assert op.adds_shared(1, arenas) and not op.adds_shared(2, arenas)
+    assert not op.adds_shared(1, random_arenas(2, "bf16", generator))  # 16-bit experts run on the tiles
+    slots, weights = random_routing(1, 4, 6, generator)
+    hidden = torch.randn(1, HIDDEN, generator=generator)
+    with poisoned_allocations():
+        out = op(hidden, arenas, slots, weights, shared=address_row(shared, arenas))
+    expected = (glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS["block32"])
+                + shared_reference(hidden, shared, "block32"))
+    assert relative_error(out, expected) < 1e-5
+
+
+def test_an_expert_unlike_the_arenas_gets_no_address_row():
+    generator = torch.Generator().manual_seed(4)
+    arenas, shared = random_arenas(3, "block32", generator), shared_expert("block32", generator)
+    assert address_row(shared, arenas) is not None
+    wider = shared_expert("block32", generator) | {"down_proj.weight": torch.zeros(HIDDEN, WIDTH + 8).to(
+        torch.float8_e4m3fn)}
+    assert address_row(wider, arenas) is None
+    assert address_row(shared_expert("per-channel", generator), arenas) is None  # other scale names
+    offset = torch.empty(WIDTH * HIDDEN + 1, dtype=torch.float8_e4m3fn)[1:].view(WIDTH, HIDDEN)
+    assert address_row(shared | {"gate_proj.weight": offset}, arenas) is None  # 16-byte loads would be misaligned
 
 
 def test_bfloat16_hidden_matches_float32_reference():

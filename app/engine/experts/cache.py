@@ -133,6 +133,11 @@ class ExpertCache:
         start = 0 if layer is None else self.store.layers.index(layer) + 1
         return self.store.layers[start : start + self.prefetch_layers]
 
+    def takes_shared(self, experts_fn: ExpertOp, num_tokens: int) -> bool:
+        """Whether `run` can add a shared expert to these tokens' picks: the op can, and every expert is resident
+        (its one launch then needs no copies waited for nor slots resolved on the host)."""
+        return self.complete and experts_fn.adds_shared(num_tokens, self.arenas)
+
     def groups(self, layer: int, experts: list[int]) -> Iterator[tuple[list[int], list[int]]]:
         for start in range(0, len(experts), self.num_slots):
             group = experts[start : start + self.num_slots]
@@ -146,11 +151,15 @@ class ExpertCache:
         top_weights: torch.Tensor,
         experts_fn: ExpertOp,
         predictions: dict[int, torch.Tensor] | None = None,
+        shared: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """hidden [T, H], top_experts/top_weights [T, k] -> [T, H]; slot -1 marks experts outside the current group.
-        `predictions` maps later layers to experts [N]; their copies start once this layer's kernel is queued."""
+        `predictions` maps later layers to experts [N]; their copies start once this layer's kernel is queued.
+        `shared`, a shared expert's address row the op adds, where `takes_shared`."""
         if self.complete:
-            return experts_fn(hidden, self.arenas, self._slots_of_resident(layer, top_experts), top_weights)
+            slots = self._slots_of_resident(layer, top_experts)
+            return experts_fn(hidden, self.arenas, slots, top_weights, shared=shared)
+        assert shared is None, "only a complete cache's op adds the shared expert (takes_shared)"
         if self.device_misses is not None and len(hidden) <= DEVICE_PASS_MAX_TOKENS:
             return self.device_misses.run(layer, hidden, top_experts, top_weights, experts_fn)
         layers = sorted(predictions or {})

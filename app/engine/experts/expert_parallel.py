@@ -72,8 +72,10 @@ class ExpertParallelCache:
         top_weights: torch.Tensor,
         experts_fn: Callable[..., torch.Tensor],
         predictions: dict[int, torch.Tensor] | None = None,
+        shared: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`ExpertCache.run`, the result [T, H] on the first device."""
+        assert shared is None, "the shared expert runs beside experts split over devices (takes_shared)"
         predictions = predictions or {}
         owners = self.owner[layer][top_experts]
         later_owners = {later: self.owner[later][experts] for later, experts in predictions.items()}
@@ -98,6 +100,9 @@ class ExpertParallelCache:
         for index in range(1, len(self.shards)):
             out = out + parts[index].to(self.device, non_blocking=True)
         return out
+
+    def takes_shared(self, experts_fn, num_tokens: int) -> bool:
+        return False  # each device's op runs its own picks: the shared expert keeps its own launches
 
     def prefetch(self, layer: int, experts: list[int]) -> None:
         """Every device records the prediction, empty ones too, so coverage adds up over the devices."""

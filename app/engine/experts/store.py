@@ -13,12 +13,14 @@ OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_paral
 
 
 class Routing(NamedTuple):
-    """hidden [T, H] (normed), top_experts and top_weights [T, k], predictions {later layer: experts [T, k]}."""
+    """hidden [T, H] (normed), top_experts and top_weights [T, k], predictions {later layer: experts [T, k]};
+    `shared`, the address row (expert_table.address_row) of a shared expert the routed ones' op adds, or None."""
 
     hidden: torch.Tensor
     top_experts: torch.Tensor
     top_weights: torch.Tensor
     predictions: dict[int, torch.Tensor]
+    shared: torch.Tensor | None = None
 
 
 class ExpertStore:

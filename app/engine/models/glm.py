@@ -18,9 +18,11 @@ from app.engine.models.glm_mtp import GlmMtp
 from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
+from app.kernels.expert_table import address_row
 from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
 from app.kernels.norms import add_rms_norm_op, rms_norm
 from app.kernels.sigmoid_router import SigmoidRouting, sigmoid_router_op, sigmoid_router_torch
+from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,18 @@ class DenseMlp:
         self.gate, self.up = (gate, up) if self.gate_up is None else (None, None)
         self.down = model.weight(prefix + "down_proj", (hidden, width))
 
+    def as_expert(self, arenas: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The address row (expert_table.address_row) of these weights as one more expert of `arenas`, or None where
+        they are not in the routed experts' format and width (16-bit, other scales, gate and up apart)."""
+        gate_up, down = self.gate_up, self.down
+        if not (isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)):
+            return None
+        scale = BLOCK_SCALE if gate_up.block is not None else PER_CHANNEL_SCALE
+        (gate, up), (gate_scale, up_scale) = gate_up.weight.chunk(2), gate_up.scale.chunk(2)  # gate rows, up rows
+        return address_row({"gate_proj.weight": gate, f"gate_proj.{scale}": gate_scale, "up_proj.weight": up,
+                            f"up_proj.{scale}": up_scale, "down_proj.weight": down.weight,
+                            f"down_proj.{scale}": down.scale}, arenas)
+
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] -> the MLP's output [T, H], plus `residual` where given."""
         if self.gate_up is None:
@@ -141,8 +155,10 @@ class DenseMlp:
 
 
 class RoutedMoe:
-    """Routed experts from the cache, an unscaled shared expert beside them. While experts are offloaded, this
-    layer's input also predicts the next MoE layers' experts (their routers on it) so copies start early."""
+    """Routed experts from the cache, an unscaled shared expert beside them: as one more pick of the routed experts'
+    launches where their op takes it (one token's FP8 experts, all resident), else its own MLP. While experts are
+    offloaded, this layer's input also predicts the next MoE layers' experts (their routers on it) so copies start
+    early."""
 
     def __init__(self, model: "GlmModel", index: int):
         c = model.config
@@ -157,6 +173,7 @@ class RoutedMoe:
         self.correction_bias = model.tensor(prefix + "gate.e_score_correction_bias", (c.n_routed_experts,),
                                             float32=True)
         self.shared = DenseMlp(model, prefix + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts)
+        self.shared_row = self.shared.as_expert(self.experts.arenas)
         self.route = model.route
 
     def choose(self, x: torch.Tensor) -> torch.Tensor:
@@ -174,11 +191,13 @@ class RoutedMoe:
             for later in self.experts.lookahead_layers(self.index, len(x))
             if later in self.moe_layers
         }
-        return Routing(x, experts, weights, predictions)
+        shared = self.shared_row is not None and self.experts.takes_shared(self.run_experts, len(x))
+        return Routing(x, experts, weights, predictions, self.shared_row if shared else None)
 
     def routed(self, routing: Routing) -> torch.Tensor:
+        """The routed experts' sum, the shared expert's output in it where `routing.shared`."""
         return self.experts.run(self.index, routing.hidden, routing.top_experts, routing.top_weights,
-                                self.run_experts, routing.predictions)
+                                self.run_experts, routing.predictions, shared=routing.shared)
 
 
 class GlmLayer:
@@ -209,7 +228,10 @@ class GlmLayer:
         """x [T, H] before attention, attended [T, H] -> (x + attended + the MLP beside the routed experts,
         routing)."""
         x, normed = self.add_norm(x, attended, self.post_norm, self.eps)
-        return self.mlp(normed, residual=x), (self.moe.routing(normed) if self.moe is not None else None)
+        if self.moe is None:
+            return self.mlp(normed, residual=x), None
+        routing = self.moe.routing(normed)
+        return (x if routing.shared is not None else self.mlp(normed, residual=x)), routing
 
 
 class GlmModel(MoeDecoder):
