@@ -257,9 +257,10 @@ class LayerOverheads:
     """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
     issuing the copies. Measured on an H200 host (bench/NOTES.md). Resident, 2026-12-03 (fused layer kernels,
     single-token kernels, passes run one ahead of the host): fitted to gpt-oss-20b, 53 µs a layer; -120b takes 61,
-    GLM-4.5-Air-FP8 74 (so their predictions are ~7 and ~16 % high). Misses served on the device, whose steps wait
-    for their tokens (63-67 µs a layer resident that way, 2026-12-02): fitted to gpt-oss-20b's runs at 50, 25 and
-    10 % of the experts (trace and uniform routing, 2026-12-01/02), all within 10 %; experts on disk: 2026-11-29."""
+    GLM-4.5-Air-FP8 69 with its shared expert as a routed pick (so their predictions are ~7 and ~11 % high). Misses
+    served on the device, whose steps wait for their tokens (63-67 µs a layer resident that way, 2026-12-02): fitted
+    to gpt-oss-20b's runs at 50, 25 and 10 % of the experts (trace and uniform routing, 2026-12-01/02), all within
+    10 %; experts on disk: 2026-11-29."""
 
     resident_s: float = 0.053e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
     graph_s: float = 0.065e-3  # misses served on the device: one CUDA graph, each step waiting for its token

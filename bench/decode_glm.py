@@ -3,8 +3,9 @@ the routed experts, the rest in pinned RAM: what bench/decode_gpt_oss.py measure
 (tok/s, hit rate and bytes fetched per token, the floors from the pinned PCIe and HBM copy bandwidths measured
 in the same run, torch.cuda.max_memory_allocated against the budget).
 
-    python bench/decode_glm.py OUT.json [--prompt 512] [--new 256] [--fractions 1.0,0.5,0.25] [--prefetch 0]
-        [--repeats 2] [--layers 46] [--folder DIR] [--routing uniform] [--misses device,host]
+    python bench/decode_glm.py OUT.json [--model glm-4.5-air-fp8|glm-4.7-flash] [--prompt 512] [--new 256]
+        [--fractions 1.0,0.5,0.25] [--prefetch 0] [--repeats 2] [--layers 46] [--folder DIR] [--routing uniform]
+        [--misses device,host]
     python bench/decode_glm.py OUT.json --device cpu --tiny     (the whole pipeline on the tiny GLM-4.5-FP8
         test checkpoint, in seconds)
 
@@ -39,7 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from app.model_folder import ModelFolder
 from app.plan import ModelFacts
 from bench.decode_gpt_oss import add_protocol_options, budget_runs, copy_bandwidths, cpu_machine, machine, print_table
-from tests.fixtures.tiny_glm import GLM_4_5_AIR_FP8_CONFIG, write_real_size_glm, write_tiny_glm
+from tests.fixtures.tiny_glm import GLM_4_5_AIR_FP8_CONFIG, GLM_4_7_FLASH_CONFIG, write_real_size_glm, write_tiny_glm
+
+# --model: the published configs a synthetic checkpoint can take (bf16, or per-channel FP8: write_real_size_glm)
+PUBLISHED = {"glm-4.5-air-fp8": ("GLM-4.5-Air-FP8", GLM_4_5_AIR_FP8_CONFIG),
+             "glm-4.7-flash": ("GLM-4.7-Flash", GLM_4_7_FLASH_CONFIG)}
 
 
 def pinned_unless_all_fit(fraction: float) -> int | None:
@@ -57,8 +62,8 @@ def main() -> None:
     parser.add_argument("--fractions", default="1.0,0.5,0.25")
     parser.add_argument("--prefetch", default="0", help="look-ahead depths to compare, e.g. 0,2")
     parser.add_argument("--repeats", type=int, default=2, help="decodes per budget; the first warms up")
-    parser.add_argument("--layers", type=int, default=GLM_4_5_AIR_FP8_CONFIG["num_hidden_layers"],
-                        help="fewer layers than the published 46, for a shorter check")
+    parser.add_argument("--model", choices=PUBLISHED, default="glm-4.5-air-fp8")
+    parser.add_argument("--layers", type=int, help="fewer layers than the published ones, for a shorter check")
     parser.add_argument("--folder", help="reuse a synthetic checkpoint written earlier")
     # hollow experts route degenerately (the cache hit 99.5 % at 50 %), and GLM's published routing is close to
     # uniform: uniform is the honest default (performance.md)
@@ -68,8 +73,9 @@ def main() -> None:
     args.new = args.new or (16 if args.tiny else 256)
     cuda = args.device == "cuda"
 
-    model = "tiny GLM-4.5-FP8 (tests/fixtures/tiny_glm.py)" if args.tiny else \
-        f"synthetic GLM-4.5-Air-FP8, {args.layers} layers"
+    name, published = PUBLISHED[args.model]
+    layers = args.layers or published["num_hidden_layers"]
+    model = "tiny GLM-4.5-FP8 (tests/fixtures/tiny_glm.py)" if args.tiny else f"synthetic {name}, {layers} layers"
     report = {"command": " ".join(sys.argv), "machine": machine() if cuda else cpu_machine(), "model": model,
               "experts": "zeros in a sparse file" if not args.tiny else "random"}
     report["bandwidth"] = copy_bandwidths(args.device)
@@ -81,7 +87,7 @@ def main() -> None:
         if args.tiny:
             write_tiny_glm(folder, "glm4_moe_fp8", mtp=False)
         else:
-            write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": args.layers})
+            write_real_size_glm(folder, {**published, "num_hidden_layers": layers})
         report["checkpoint_write_s"] = time.perf_counter() - started
         print(f"checkpoint written in {report['checkpoint_write_s']:.0f} s", flush=True)
     facts = ModelFacts.from_folder(ModelFolder.open(folder), fp8_kept=cuda)  # as the engine keeps its dense FP8

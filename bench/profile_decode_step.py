@@ -1,7 +1,8 @@
 """Where a fully resident decode step's time goes: the kernels of one token, by name, of synthetic GLM-4.5-Air-FP8
-or gpt-oss-20b.
+(`glm`), GLM-4.7-Flash (MLA attention, bf16) or gpt-oss-20b.
 
-    python bench/profile_decode_step.py OUT.json [--model glm|gpt-oss-20b] [--layers 4] [--prompt 512] [--steps 20]
+    python bench/profile_decode_step.py OUT.json [--model glm|glm-4.7-flash|gpt-oss-20b] [--layers 4] [--prompt 512]
+        [--steps 20]
 
 Fully resident, the decode step is one CUDA graph (cuda_graph.DecodeGraph) and runs well below the HBM floor
 (bench/NOTES.md): this says which kernels fill it. The checkpoint is bench/decode_glm.py's or
@@ -28,20 +29,22 @@ from app.engine.loader import load_model
 from app.engine.runner.cuda_graph import DecodeGraph
 from app.engine.runner.step_runner import prefill
 from app.model_folder import ModelFolder
+from bench.decode_glm import PUBLISHED
 from bench.decode_gpt_oss import SHAPES, machine
-from tests.fixtures.tiny_glm import GLM_4_5_AIR_FP8_CONFIG, write_real_size_glm
+from tests.fixtures.tiny_glm import write_real_size_glm
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
 
 
 def write_checkpoint(folder: Path, model: str, layers: int) -> str:
     """The synthetic checkpoint of `model` with `layers` layers (kept where one is already); returns its
     description."""
-    if model == "glm" and not (folder / "config.json").exists():
-        write_real_size_glm(folder, {**GLM_4_5_AIR_FP8_CONFIG, "num_hidden_layers": layers})
+    glm = PUBLISHED.get("glm-4.5-air-fp8" if model == "glm" else model)
+    if glm is not None and not (folder / "config.json").exists():
+        write_real_size_glm(folder, {**glm[1], "num_hidden_layers": layers})
     elif not (folder / "config.json").exists():
         write_tiny_gpt_oss(folder, scale_exponents=(116, 119), num_hidden_layers=layers, num_local_experts=32,
                            **SHAPES)
-    return f"synthetic {'GLM-4.5-Air-FP8' if model == 'glm' else model}, {layers} layers"
+    return f"synthetic {model if glm is None else glm[0]}, {layers} layers"
 
 
 def eager_kernels(model, cache, steps: int) -> list[tuple[str, float, float]]:
@@ -64,7 +67,7 @@ def eager_kernels(model, cache, steps: int) -> list[tuple[str, float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--model", choices=("glm", "gpt-oss-20b"), default="glm")
+    parser.add_argument("--model", choices=("glm", "glm-4.7-flash", "gpt-oss-20b"), default="glm")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
