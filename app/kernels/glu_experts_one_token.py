@@ -40,8 +40,8 @@ def run_one_token(
     an expert added at weight 1 (expert_table.address_row)."""
     gate, up, down = projections
     picks = rows.numel()
-    programs = picks + (shared is not None)  # the shared expert's are the last
-    own = table if shared is None else shared
+    programs = picks + (shared is not None)  # pick k, the last, is the shared expert
+    own = table if shared is None else shared  # read by pick k alone
     width, hidden_size = gate.weight.shape[1:]
     activations = torch.empty((programs, width), dtype=hidden.dtype, device=hidden.device)
     gate_up, down_tiles = gate.inside_scale_blocks(tiles[0]), down.inside_scale_blocks(tiles[1])
