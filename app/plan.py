@@ -51,6 +51,7 @@ class ModelFacts:
     resident_fp8_bytes: int = 0  # those weights as stored, their scales included
     fp8_kept: bool = False  # the engine keeps them FP8 (on a GPU: app/engine/layers/linear.py)
     mxfp4_experts: bool = False  # the routed experts are MXFP4 blocks and scales (gpt-oss as published)
+    latent_attention: bool = False  # multi-head latent attention (MLA: GLM-4.7-Flash, GLM-5; engine/models/mla.py)
 
     @property
     def total_experts(self) -> int:
@@ -129,6 +130,7 @@ class ModelFacts:
             resident_fp8_bytes=fp8_bytes,
             fp8_kept=fp8_kept,
             mxfp4_experts=mxfp4_experts,
+            latent_attention="kv_lora_rank" in config,
         )
 
 
@@ -263,6 +265,10 @@ class LayerOverheads:
     10 %; experts on disk: 2026-11-29."""
 
     resident_s: float = 0.053e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
+    # on top of these, a layer of latent attention (MLA: GLM-4.7-Flash, GLM-5): its latent projections' norms,
+    # copies and joins in torch ops, 48 launches a layer in all; fitted to GLM-4.7-Flash (bf16) fully resident at
+    # 115.4 tok/s (2026-12-03, with its decode attention kernel), which also pays its bf16 experts' tile launches
+    latent_attention_s: float = 0.095e-3
     graph_s: float = 0.065e-3  # misses served on the device: one CUDA graph, each step waiting for its token
     segmented_s: float = 0.37e-3  # some experts on disk: a graph per layer around the host's expert work
     device_misses_s: float = 0.15e-3  # per MoE layer: resolving and fetching misses on the device
@@ -381,6 +387,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     multiply_adds = facts.resident_weights - embedding + uses_per_token * facts.expert_weights
     overheads = hardware.overheads
     link_bps = hardware.link_bps
+    latent_s = facts.num_layers * overheads.latent_attention_s if facts.latent_attention else 0.0
     if placement.expert_slots >= facts.total_experts:
         overhead_s = facts.num_layers * overheads.resident_s
     elif placement.disk_experts:  # the host copies misses (engine: experts/cache.py)
@@ -388,6 +395,7 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     else:  # misses served on the device
         overhead_s = facts.num_layers * overheads.graph_s + len(facts.moe_layers) * overheads.device_misses_s
         link_bps *= FETCH_SHARE_OF_LINK
+    overhead_s += latent_s
     copy_s = fetched / link_bps + from_disk / hardware.disk_bps
     cpu_experts = 0.0
     if cpu_threads and cpu_tier_idle(facts, placement, hardware) is None:

@@ -7,6 +7,8 @@
 #                                          # each way of stepping in STEPS (ahead; e.g. ahead,in-turn); PROFILE=0
 #                                          # skips the profile; BASE=tree.tar (git archive of an earlier commit's
 #                                          # app, tests and bench) first decodes GLM the same way in that tree
+#   bash bench/h200_one_token.sh mla       # GLM-4.7-Flash (latent attention): the decode-layer and GLM CUDA tests,
+#                                          # its 4-layer step profile, decoding fully resident (BASE as above first)
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
 phase=${1:?kernels or decode}
@@ -55,6 +57,25 @@ if [ "$phase" = registers ]; then
 fi
 
 steps=${STEPS:-ahead}
+if [ "$phase" = mla ]; then
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_decode_layer_cuda.py tests/engine/test_glm_cuda.py \
+    > "$out/cuda-tests-mla.log" 2>&1
+  echo "pytest exit status $?" >> "$out/cuda-tests-mla.log"
+  tail -4 "$out/cuda-tests-mla.log"
+  timeout 120 python3 bench/profile_decode_step.py "$out/profile-glm-4.7-flash.json" --model glm-4.7-flash --layers 4 \
+    --folder /tmp/flash4 2>&1 | tee "$out/profile-glm-4.7-flash.log" | head -30
+  flash="--model glm-4.7-flash --folder /tmp/flash --fractions 1.0 --routing uniform --misses device --new 64 --repeats 2"
+  if [ -n "${BASE:-}" ]; then
+    mkdir -p /tmp/base && tar -xf "$BASE" -C /tmp/base
+    # shellcheck disable=SC2086
+    (cd /tmp/base && timeout 170 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash-base.json" $flash 2>&1 \
+      | tee "$out/decode-glm-4.7-flash-base.log" | grep -v '^{')
+  fi
+  # shellcheck disable=SC2086
+  timeout 150 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash.json" $flash 2>&1 \
+    | tee "$out/decode-glm-4.7-flash.log" | grep -v '^{'
+  exit 0
+fi
 if [ "$phase" = decode ]; then
   if [ -n "${BASE:-}" ]; then  # the earlier commit on the same checkpoint, in the same call: an A/B
     mkdir -p /tmp/base && tar -xf "$BASE" -C /tmp/base

@@ -1,5 +1,5 @@
-"""Attention of one query token over a KV cache (batch-1 decode): grouped-query heads, optional sinks (an extra
-logit per head that joins the softmax and is then dropped) and an optional sliding window.
+"""Attention of one query token over a KV cache (batch-1 decode): grouped-query heads (MLA's latent head too),
+optional sinks (an extra logit per head that joins the softmax and is then dropped) and an optional sliding window.
 
 `decode_attention` runs the Triton kernels of decode_attention_triton.py (two launches, reading only the rows
 the query sees); `decode_attention_torch` is the reference with the same signature (the GPT-OSS model calls the
@@ -14,8 +14,9 @@ def decode_attention_torch(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float,
     sinks: torch.Tensor | None, window: int | None,
 ) -> torch.Tensor:
-    """q [1, Hq, d], keys/values [C, Hkv, d] (rows past `position` ignored), position [1] (the query's row),
-    sinks [Hq] -> [1, Hq, d] in q's dtype. Key j is seen when j <= position (and position - j < window)."""
+    """q [1, Hq, dk], keys [C, Hkv, dk], values [C, Hkv, dv] (rows past `position` ignored), position [1] (the
+    query's row), sinks [Hq] -> [1, Hq, dv] in q's dtype. Key j is seen when j <= position (and position - j <
+    window). MLA passes its latent rows as keys and their first kv_lora_rank columns as values."""
     groups = q.shape[1] // keys.shape[1]
     distance = position - torch.arange(keys.shape[0], device=q.device)
     visible = (distance >= 0) & (distance < window if window is not None else True)

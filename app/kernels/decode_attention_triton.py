@@ -1,9 +1,14 @@
-"""Decode attention (decode_attention.py) in two Triton launches. First, SPLITS programs per key head each
+"""Decode attention (decode_attention.py) in two Triton launches. First, several programs per key head each
 take an equal share of the keys the query sees and run an online softmax over it for every query head of the
-head's group at once, BLOCK_L rows at a step: the group's queries are the rows of two tensor-core products (scores
+head's group at once, up to 64 rows at a step: the group's queries are the rows of two tensor-core products (scores
 and values), so each key row is read once, not once per query head (GLM-4.5-Air: 12 query heads a key head). Then
 one program per query head joins the shares and the head's sink. Splitting by what is seen keeps every program
-busy at any position and reads no row past it."""
+busy at any position and reads no row past it.
+
+MLA (GLM-4.7-Flash, mla.py) is one key head of 20 query heads over latent rows [kv_lora_rank + rope]: its keys
+are whole rows, its values their first kv_lora_rank columns (read once, as the keys' first part), and the rope
+columns add a second, narrower product to the scores. One key head gets more shares, so that long contexts still
+spread over the SMs."""
 
 import torch
 import triton
@@ -11,34 +16,52 @@ import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED
 
-BLOCK_L = 64  # keys per step
-SPLITS = 16  # shares of the keys per key head: 8 key heads x 16 fill the H200's 132 SMs about once
+STEP_BYTES = 32 * 1024  # a step's key rows at the most: the tiles of a step fit shared memory (MLA: 16 rows)
+PROGRAMS = 128  # key heads x shares of their keys: about one wave on the H200's 132 SMs (8 key heads: 16 shares)
+MAX_SPLITS = 128  # shares a key head at the most
+JOIN_CHUNK = 16  # shares the join adds at a time
 MIN_GROUP = 16  # a tensor-core product's rows at the least: smaller groups are padded
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 def run_decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float,
     sinks: torch.Tensor | None, window: int | None,
 ) -> torch.Tensor:
-    """q [1, Hq, d], keys/values [C, Hkv, d], position [1], sinks [Hq] -> [1, Hq, d]."""
-    _, heads, dim = q.shape
-    kv_heads = keys.shape[1]
-    assert q.shape[0] == 1 and heads % kv_heads == 0 and dim & (dim - 1) == 0
-    assert keys.shape[1:] == values.shape[1:] == (kv_heads, dim) and keys.is_contiguous() and values.is_contiguous()
+    """q [1, Hq, d + r], keys [C, Hkv, d + r], values [C, Hkv, d], position [1], sinks [Hq] -> [1, Hq, d]; d and r
+    (0, or MLA's rope columns) powers of two; values may be the keys' first d columns (`keys[..., :d]`)."""
+    _, heads, key_dim = q.shape
+    kv_heads, dim = keys.shape[1], values.shape[2]
+    rope = key_dim - dim
+    assert q.shape[0] == 1 and heads % kv_heads == 0 and is_power_of_two(dim) and (rope == 0 or is_power_of_two(rope))
+    assert keys.shape[1:] == (kv_heads, key_dim) and values.shape[:2] == keys.shape[:2]
+    assert keys.stride(2) == values.stride(2) == 1 and keys.stride(1) == key_dim, "rows of contiguous heads"
+    values_are_keys = values.data_ptr() == keys.data_ptr() and values.stride()[:2] == keys.stride()[:2]
     q = q.contiguous()
     groups = heads // kv_heads
-    shares = torch.empty((heads, SPLITS, dim), dtype=torch.float32, device=q.device)
-    largest = torch.empty((heads, SPLITS), dtype=torch.float32, device=q.device)
-    totals = torch.empty((heads, SPLITS), dtype=torch.float32, device=q.device)
-    _share_kernel[(kv_heads, SPLITS)](
+    splits = min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(PROGRAMS, kv_heads)))
+    shares = torch.empty((heads, splits, dim), dtype=torch.float32, device=q.device)
+    largest = torch.empty((heads, splits), dtype=torch.float32, device=q.device)
+    totals = torch.empty((heads, splits), dtype=torch.float32, device=q.device)
+    row_bytes = key_dim * keys.element_size()
+    block_l = min(64, max(16, 1 << ((STEP_BYTES // row_bytes).bit_length() - 1)))  # a power of two, >= 16 for tl.dot
+    wide = dim > 128  # MLA's 512: more warps for the [group, 512] accumulator
+    _share_kernel[(kv_heads, splits)](
         q, keys, values, position, shares, largest, totals, scale, groups, kv_heads, window or 0,
-        DIM=dim, BLOCK_L=BLOCK_L, SPLITS=SPLITS, BLOCK_G=max(MIN_GROUP, triton.next_power_of_2(groups)),
-        F32=q.dtype == torch.float32, UPCAST=INTERPRETED, num_warps=4,
+        keys.stride(0), values.stride(0), values.stride(1),
+        DIM=dim, ROPE=rope, ROPE_BLOCK=max(16, rope), VALUES_ARE_KEYS=values_are_keys, BLOCK_L=block_l,
+        SPLITS=splits,
+        BLOCK_G=max(MIN_GROUP, triton.next_power_of_2(groups)), F32=q.dtype == torch.float32, UPCAST=INTERPRETED,
+        num_warps=8 if wide else 4, num_stages=2 if wide else 3,
     )
-    out = torch.empty_like(q)
+    out = torch.empty((1, heads, dim), dtype=q.dtype, device=q.device)
     _join_kernel[(heads,)](
         shares, largest, totals, sinks if sinks is not None else q, out,
-        HAS_SINKS=sinks is not None, DIM=dim, SPLITS=SPLITS, num_warps=1,
+        HAS_SINKS=sinks is not None, DIM=dim, SPLITS=splits, CHUNK=min(JOIN_CHUNK, splits),
+        num_warps=4 if wide else 1,
     )
     return out
 
@@ -46,8 +69,10 @@ def run_decode_attention(
 @triton.jit
 def _share_kernel(
     q_ptr, keys_ptr, values_ptr, position_ptr, shares_ptr, largest_ptr, totals_ptr, scale, groups, kv_heads,
-    window, DIM: tl.constexpr, BLOCK_L: tl.constexpr, SPLITS: tl.constexpr, BLOCK_G: tl.constexpr,
-    F32: tl.constexpr, UPCAST: tl.constexpr,
+    window, key_row_stride, value_row_stride, value_head_stride,
+    DIM: tl.constexpr, ROPE: tl.constexpr, ROPE_BLOCK: tl.constexpr, VALUES_ARE_KEYS: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, F32: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Share `split` of the keys key head `kv_head` sees -> for each query head of its group the unnormalised
     output [DIM], largest score and sum of exp(score - largest) (-inf and 0 for an empty share)."""
@@ -56,10 +81,16 @@ def _share_kernel(
     real = member < groups
     head = kv_head * groups + member  # [BLOCK_G] query heads; padding rows are zeros and never stored
     dim = tl.arange(0, DIM)
-    q = tl.load(q_ptr + head[:, None] * DIM + dim[None, :], mask=real[:, None], other=0.0)
+    q_rows = q_ptr + head[:, None] * (DIM + ROPE)
+    q = tl.load(q_rows + dim[None, :], mask=real[:, None], other=0.0)
     precision: tl.constexpr = "tf32x3" if F32 else "tf32"
     if UPCAST:  # the interpreter's bf16 products are wrong
         q = q.to(tl.float32)
+    if ROPE > 0:
+        rope = tl.arange(0, ROPE_BLOCK)  # padded to a tensor-core product's 16 (tiny test models: 8)
+        q_rope = tl.load(q_rows + DIM + rope[None, :], mask=real[:, None] & (rope[None, :] < ROPE), other=0.0)
+        if UPCAST:
+            q_rope = q_rope.to(tl.float32)
     position = tl.load(position_ptr).to(tl.int64)
     first = tl.where(window > 0, tl.maximum(position - window + 1, 0), 0)
     share = tl.cdiv(tl.cdiv(position + 1 - first, SPLITS), BLOCK_L) * BLOCK_L
@@ -71,13 +102,22 @@ def _share_kernel(
     for block in range(start, end, BLOCK_L):
         rows = block + tl.arange(0, BLOCK_L)
         seen = rows < end
-        offsets = (rows[:, None] * kv_heads + kv_head) * DIM + dim[None, :]
-        k = tl.load(keys_ptr + offsets, mask=seen[:, None], other=0.0)
-        v = tl.load(values_ptr + offsets, mask=seen[:, None], other=0.0)
+        key_rows = keys_ptr + rows[:, None].to(tl.int64) * key_row_stride + kv_head * (DIM + ROPE)
+        k = tl.load(key_rows + dim[None, :], mask=seen[:, None], other=0.0)
+        if VALUES_ARE_KEYS:
+            v = k
+        else:
+            value_rows = values_ptr + rows[:, None].to(tl.int64) * value_row_stride + kv_head * value_head_stride
+            v = tl.load(value_rows + dim[None, :], mask=seen[:, None], other=0.0)
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
-        scores = tl.dot(q, tl.trans(k), input_precision=precision) * scale  # [BLOCK_G, BLOCK_L]
-        scores = tl.where(seen[None, :], scores, float("-inf"))
+        scores = tl.dot(q, tl.trans(k), input_precision=precision)  # [BLOCK_G, BLOCK_L]
+        if ROPE > 0:
+            k_rope = tl.load(key_rows + DIM + rope[None, :], mask=seen[:, None] & (rope[None, :] < ROPE), other=0.0)
+            if UPCAST:
+                k_rope = k_rope.to(tl.float32)
+            scores += tl.dot(q_rope, tl.trans(k_rope), input_precision=precision)
+        scores = tl.where(seen[None, :], scores * scale, float("-inf"))
         new_largest = tl.maximum(largest, tl.max(scores, axis=1))
         shrink = tl.exp(largest - new_largest)
         probs = tl.exp(scores - new_largest[:, None])
@@ -92,21 +132,23 @@ def _share_kernel(
 
 @triton.jit
 def _join_kernel(shares_ptr, largest_ptr, totals_ptr, sinks_ptr, out_ptr,
-                 HAS_SINKS: tl.constexpr, DIM: tl.constexpr, SPLITS: tl.constexpr):
+                 HAS_SINKS: tl.constexpr, DIM: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr):
     """A head's shares and sink -> its output: each share rescaled to the largest score of all (the first share
-    is never empty, so that is finite)."""
+    is never empty, so that is finite), CHUNK shares at a time."""
     head = tl.program_id(0)
     split, dim = tl.arange(0, SPLITS), tl.arange(0, DIM)
     largest = tl.load(largest_ptr + head * SPLITS + split)
     totals = tl.load(totals_ptr + head * SPLITS + split)
-    shares = tl.load(shares_ptr + (head * SPLITS + split[:, None]) * DIM + dim[None, :])
     overall = tl.max(largest, axis=0)
     if HAS_SINKS:
         sink = tl.load(sinks_ptr + head).to(tl.float32)
         overall = tl.maximum(overall, sink)
-    weights = tl.exp(largest - overall)  # empty shares: exp(-inf) = 0
-    total = tl.sum(totals * weights, axis=0)
+    total = tl.sum(totals * tl.exp(largest - overall), axis=0)  # empty shares: exp(-inf) = 0
     if HAS_SINKS:
         total += tl.exp(sink - overall)
-    out = tl.sum(shares * weights[:, None], axis=0) / total
-    tl.store(out_ptr + head * DIM + dim, out.to(out_ptr.dtype.element_ty))
+    out = tl.zeros((DIM,), tl.float32)
+    for first in tl.static_range(0, SPLITS, CHUNK):
+        chunk = head * SPLITS + first + tl.arange(0, CHUNK)
+        weights = tl.exp(tl.load(largest_ptr + chunk) - overall)
+        out += tl.sum(tl.load(shares_ptr + chunk[:, None] * DIM + dim[None, :]) * weights[:, None], axis=0)
+    tl.store(out_ptr + head * DIM + dim, (out / total).to(out_ptr.dtype.element_ty))

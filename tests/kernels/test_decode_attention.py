@@ -41,3 +41,34 @@ def test_decode_attention_in_bfloat16():
     out = decode_attention(q, keys, values, at, DIM**-0.5, sinks, 64)
     want = decode_attention_torch(q, keys, values, at, DIM**-0.5, sinks, 64)
     torch.testing.assert_close(out, want, rtol=2e-2, atol=2e-2)
+
+
+# MLA (GLM-4.7-Flash's shape, smaller): one latent key head of 20 query heads, keys [latent + rope], the values the
+# keys' first `latent` columns; positions inside the first block, across blocks and at the last row; a latent over
+# 128 takes the wide tiles (GLM-4.7-Flash: 512)
+@pytest.mark.parametrize(("position", "latent"), [(0, 64), (40, 64), (149, 64), (100, 256)])
+def test_latent_attention_reads_values_from_the_keys(position, latent):
+    rope, heads = 8, 20  # 8: narrower than a tensor-core product (tiny GLM-4.7-Flash)
+    generator = torch.Generator().manual_seed(position)
+    q = torch.randn(1, heads, latent + rope, generator=generator)
+    rows = torch.randn(CAPACITY, 1, latent + rope, generator=generator)
+    at, scale = torch.tensor([position]), (latent + rope) ** -0.5
+    with poisoned_allocations():
+        out = decode_attention(q, rows, rows[..., :latent], at, scale, None, None)
+    assert out.shape == (1, heads, latent)
+    torch.testing.assert_close(out, decode_attention_torch(q, rows, rows[..., :latent], at, scale, None, None),
+                               rtol=1e-5, atol=1e-6)
+    seen = slice(0, position + 1)
+    engine = attend(q, rows[seen], rows[seen, :, :latent], causal_mask(at, position + 1, None), scale)
+    torch.testing.assert_close(out, engine, rtol=1e-5, atol=1e-6)
+
+
+def test_values_apart_from_the_keys_may_be_narrower_and_strided():
+    """dk = 16 as 8 + a second part of 8, dv = 8: values a view into wider rows, not the keys."""
+    q, keys, _, _ = random_case(torch.float32, 3)
+    values = torch.randn(CAPACITY, KV_HEADS, 2 * DIM, generator=torch.Generator().manual_seed(4))[..., : DIM // 2]
+    at = torch.tensor([77])
+    out = decode_attention(q, keys, values, at, DIM**-0.5, None, None)
+    assert out.shape == (1, HEADS, DIM // 2)
+    torch.testing.assert_close(out, decode_attention_torch(q, keys, values, at, DIM**-0.5, None, None),
+                               rtol=1e-5, atol=1e-6)

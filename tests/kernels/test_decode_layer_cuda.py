@@ -1,5 +1,6 @@
 """The decode-layer kernels (norms, router, rotary_cache, decode_attention) compiled on a GPU at gpt-oss-20b's
-shapes, against their torch references. Skipped without a CUDA device."""
+shapes (and the latent attention at GLM-4.7-Flash's), against their torch references. Skipped without a CUDA
+device."""
 
 import pytest
 import torch
@@ -64,4 +65,17 @@ def test_decode_attention(dtype, position, window):
     at = torch.tensor([position], device="cuda")
     out = decode_attention(q, keys, values, at, DIM**-0.5, sinks, window)
     want = decode_attention_torch(q, keys, values, at, DIM**-0.5, sinks, window)
+    torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("position", [0, 31, 511, 4000])
+def test_latent_decode_attention_at_glm_4_7_flash_shapes(dtype, position):
+    """MLA: 20 query heads on one latent key head of 512 + 64 columns, the values its first 512 (the wide tiles)."""
+    latent, rope, heads = 512, 64, 20
+    q = torch.randn(1, heads, latent + rope, device="cuda").to(dtype)
+    rows = torch.randn(4096, 1, latent + rope, device="cuda").to(dtype)
+    at, scale = torch.tensor([position], device="cuda"), (192 + rope) ** -0.5
+    out = decode_attention(q, rows, rows[..., :latent], at, scale, None, None)
+    want = decode_attention_torch(q, rows, rows[..., :latent], at, scale, None, None)
     torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])

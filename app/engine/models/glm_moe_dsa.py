@@ -68,6 +68,7 @@ class SparseLatentAttention(LatentAttention):
     def __init__(self, model: "GlmMoeDsa", index: int, cache_layer: int, index_slot: int | None):
         super().__init__(model, index, cache_layer)
         self.indexer = None if index_slot is None else Indexer(model, index, index_slot)
+        self.decode_attention = None  # a query sees the rows its indexer keeps, not every earlier one
 
     def visible(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         if self.indexer is not None:

@@ -15,6 +15,8 @@ from app.engine.layers.linear import linear
 from app.engine.layers.ops import attend
 from app.engine.layers.rope import rotate_pairs
 from app.engine.models.glm import GlmConfig, GlmModel, Step
+from app.kernels.choice import triton_runs
+from app.kernels.decode_attention import decode_attention
 from app.kernels.norms import rms_norm
 from app.kernels.rotary_cache import rotate_halves
 
@@ -52,6 +54,8 @@ class LatentAttention:
         kv_b = kv_b.unflatten(0, (heads, -1))
         self.key_up, self.value_up = kv_b[:, :nope], kv_b[:, nope:]  # [heads, nope, latent], [heads, v, latent]
         self.o = model.weight(prefix + "o_proj", (hidden, heads * c.v_head_dim))
+        # one query over every earlier row (DSA's queries see only the rows its indexer keeps)
+        self.decode_attention = decode_attention if triton_runs(model.device) else None
 
     def query_latent(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> the normalised query latent [T, q_lora_rank] (DSA's indexer reads it too)."""
@@ -72,8 +76,13 @@ class LatentAttention:
             torch.einsum("thn,hnc->thc", q_nope, self.key_up),
             self.rotate(q_rope, step.cos, step.sin),
         ), dim=-1)  # [T, heads, latent + rope]
-        visible = self.visible(x, query_latent, step, cache)
-        out = attend(queries, latents, latents[..., : self.latent_rank], visible, self.scale)  # [T, heads, latent]
+        if len(x) == 1 and self.decode_attention is not None:
+            rows = cache.layer_rows(self.cache_layer, "latent")[:, None]  # [capacity, 1, latent + rope]
+            out = self.decode_attention(queries, rows, rows[..., : self.latent_rank], step.positions, self.scale,
+                                        None, None)  # [1, heads, latent]
+        else:
+            visible = self.visible(x, query_latent, step, cache)
+            out = attend(queries, latents, latents[..., : self.latent_rank], visible, self.scale)  # [T, heads, latent]
         return linear(torch.einsum("thc,hvc->thv", out, self.value_up).flatten(-2), self.o)
 
 
