@@ -11,7 +11,7 @@
 #                                          # its 4-layer step profile, decoding fully resident (BASE as above first)
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
-phase=${1:?kernels or decode}
+phase=${1:?kernels, registers, decode or mla}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1

@@ -47,6 +47,7 @@ def test_glm_facts_read_from_the_headers(variant, folders):
     assert facts.expert_bytes == expected_expert_bytes(config, VARIANTS[variant][2])
     assert facts.expert_bytes_per_token == config["num_experts_per_tok"] * (layers - 1) * facts.expert_bytes
     assert facts.kv_per_token == expected_kv_per_token(config)
+    assert facts.latent_attention == (config["model_type"] != "glm4_moe")  # GLM-4.5's attention is grouped-query
 
 
 def test_the_mtp_layer_is_kept_apart_from_the_target(folders, tmp_path):

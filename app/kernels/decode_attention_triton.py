@@ -18,7 +18,6 @@ from app.kernels.expert_tiles import INTERPRETED
 
 STEP_BYTES = 32 * 1024  # a step's key rows at the most: the tiles of a step fit shared memory (MLA: 16 rows)
 PROGRAMS = 128  # key heads x shares of their keys: about one wave on the H200's 132 SMs (8 key heads: 16 shares)
-MAX_SPLITS = 128  # shares a key head at the most
 JOIN_CHUNK = 16  # shares the join adds at a time
 MIN_GROUP = 16  # a tensor-core product's rows at the least: smaller groups are padded
 
@@ -31,18 +30,20 @@ def run_decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float,
     sinks: torch.Tensor | None, window: int | None,
 ) -> torch.Tensor:
-    """q [1, Hq, d + r], keys [C, Hkv, d + r], values [C, Hkv, d], position [1], sinks [Hq] -> [1, Hq, d]; d and r
-    (0, or MLA's rope columns) powers of two; values may be the keys' first d columns (`keys[..., :d]`)."""
+    """q [1, Hq, d + r], keys [C, Hkv, d + r], values [C, Hkv, d], position [1], sinks [Hq] -> [1, Hq, d]; d a power
+    of two of 16 or more (a tensor-core product's), r 0 or a power of two (MLA's rope columns); values may be the
+    keys' first d columns (`keys[..., :d]`)."""
     _, heads, key_dim = q.shape
     kv_heads, dim = keys.shape[1], values.shape[2]
     rope = key_dim - dim
-    assert q.shape[0] == 1 and heads % kv_heads == 0 and is_power_of_two(dim) and (rope == 0 or is_power_of_two(rope))
+    assert q.shape[0] == 1 and heads % kv_heads == 0 and dim >= 16 and is_power_of_two(dim)
+    assert rope == 0 or is_power_of_two(rope)
     assert keys.shape[1:] == (kv_heads, key_dim) and values.shape[:2] == keys.shape[:2]
     assert keys.stride(2) == values.stride(2) == 1 and keys.stride(1) == key_dim, "rows of contiguous heads"
     values_are_keys = values.data_ptr() == keys.data_ptr() and values.stride()[:2] == keys.stride()[:2]
     q = q.contiguous()
     groups = heads // kv_heads
-    splits = min(MAX_SPLITS, triton.next_power_of_2(triton.cdiv(PROGRAMS, kv_heads)))
+    splits = triton.next_power_of_2(triton.cdiv(PROGRAMS, kv_heads))
     shares = torch.empty((heads, splits, dim), dtype=torch.float32, device=q.device)
     largest = torch.empty((heads, splits), dtype=torch.float32, device=q.device)
     totals = torch.empty((heads, splits), dtype=torch.float32, device=q.device)

@@ -15,16 +15,13 @@ class ExpertOp:
     where only the torch reference runs; `capturable`: it needs no host work (a CUDA graph can hold it);
     `on_host(arenas)`, the C kernel's name and its structure over host arenas (cpu/library.py), for the CPU expert
     tier (None: these experts have no C kernel); `takes_shared(tokens, arenas)`, whether `by_slots` can add a shared
-    expert's address row (expert_table.address_row) to those tokens' picks, as `shared=` (None: never)."""
+    expert's address row (expert_table.address_row) to those tokens' picks, as `shared=`."""
 
     by_slots: Callable[..., torch.Tensor]
     from_table: Callable[..., torch.Tensor] | None
     capturable: bool
     on_host: Callable[[dict[str, torch.Tensor]], tuple[str, ctypes.Structure]] | None = None
-    takes_shared: Callable[[int, dict[str, torch.Tensor]], bool] | None = None
-
-    def adds_shared(self, tokens: int, arenas: dict[str, torch.Tensor]) -> bool:
-        return self.takes_shared is not None and self.takes_shared(tokens, arenas)
+    takes_shared: Callable[[int, dict[str, torch.Tensor]], bool] = lambda tokens, arenas: False
 
     def __call__(self, hidden, arenas, slots, weights, shared: torch.Tensor | None = None) -> torch.Tensor:
         if shared is None:

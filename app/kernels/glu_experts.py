@@ -123,8 +123,9 @@ def glu_experts_op(device: torch.device) -> Callable[..., torch.Tensor]:
 
 def glu_expert_op(device: torch.device, fp8_block: tuple[int, int] | None) -> ExpertOp:
     """The op a GLM model hands its expert cache."""
-    kernels = triton_runs(device)
-    by_table = partial(glu_experts_from_table, fp8_block=fp8_block) if kernels else None
+    by_slots = partial(glu_experts_op(device), fp8_block=fp8_block)
     on_host = partial(glu_on_host, fp8_block=fp8_block) if cpu.library() else None
-    return ExpertOp(partial(glu_experts_op(device), fp8_block=fp8_block), by_table, capturable=device.type == "cuda",
-                    on_host=on_host, takes_shared=runs_one_token if kernels else None)
+    if not triton_runs(device):
+        return ExpertOp(by_slots, None, capturable=False, on_host=on_host)
+    return ExpertOp(by_slots, partial(glu_experts_from_table, fp8_block=fp8_block), capturable=device.type == "cuda",
+                    on_host=on_host, takes_shared=runs_one_token)

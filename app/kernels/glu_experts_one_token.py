@@ -6,8 +6,8 @@ One program per pick and block of output rows, so every weight of a pick's exper
 pick reads its expert where its row of the address table (expert_table.py) points, and a skipped pick's programs
 return at once. No tile plan: one token's picks are distinct experts, so there is nothing to group.
 
-- gate_up: a program's gate rows and the same features' up rows, SiLU(gate) * up -> activations [k, W].
-- down: routing weight in the epilogue -> one float32 row per pick [k, H], which `sum_picks` adds.
+- gate_up: a program's gate rows and the same features' up rows, SiLU(gate) * up -> activations [k (+ 1), W].
+- down: routing weight in the epilogue -> one float32 row per pick [k (+ 1), H], which `sum_picks` adds.
 
 An expert every token takes at weight 1 (GLM's shared expert, in the routed experts' format) can run as one more
 pick, from its own table row: its products then cost no launches of their own.

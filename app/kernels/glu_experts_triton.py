@@ -122,6 +122,8 @@ def run_from_table(
     skip). The arenas give the tensors' names, shapes and dtypes (the table's columns). `shared` [1, C], the row of
     an expert added at weight 1 (expert_table.address_row), where `runs_one_token`."""
     tokens, picks = rows.shape
+    assert shared is None or (config is None and runs_one_token(tokens, arenas)), \
+        "a shared expert runs as a pick of the one-token kernels only (runs_one_token)"
     chunk = max(1, MAX_PAIRS // picks)
     if tokens > chunk:
         parts = (slice(i, i + chunk) for i in range(0, tokens, chunk))
@@ -139,7 +141,6 @@ def run_from_table(
 
     if config is None and runs_one_token(tokens, arenas):
         return run_one_token(hidden, (gate, up, down), table, rows, weights, names, shared=shared)
-    assert shared is None, "a shared expert runs as a pick of the one-token kernels only (runs_one_token)"
     config = config or pick_config(rows.numel())
     num_pairs, device = rows.numel(), hidden.device
     plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)

@@ -64,11 +64,13 @@ def test_latent_attention_reads_values_from_the_keys(position, latent):
 
 
 def test_values_apart_from_the_keys_may_be_narrower_and_strided():
-    """dk = 16 as 8 + a second part of 8, dv = 8: values a view into wider rows, not the keys."""
-    q, keys, _, _ = random_case(torch.float32, 3)
-    values = torch.randn(CAPACITY, KV_HEADS, 2 * DIM, generator=torch.Generator().manual_seed(4))[..., : DIM // 2]
+    """dk = 32 as 16 + a second part of 16, dv = 16: values a view into wider rows, not the keys."""
+    generator = torch.Generator().manual_seed(3)
+    q = torch.randn(1, HEADS, 2 * DIM, generator=generator)
+    keys = torch.randn(CAPACITY, KV_HEADS, 2 * DIM, generator=generator)
+    values = torch.randn(CAPACITY, KV_HEADS, 4 * DIM, generator=generator)[..., :DIM]
     at = torch.tensor([77])
     out = decode_attention(q, keys, values, at, DIM**-0.5, None, None)
-    assert out.shape == (1, HEADS, DIM // 2)
+    assert out.shape == (1, HEADS, DIM)
     torch.testing.assert_close(out, decode_attention_torch(q, keys, values, at, DIM**-0.5, None, None),
                                rtol=1e-5, atol=1e-6)

@@ -70,9 +70,12 @@ def test_decode_attention(dtype, position, window):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("position", [0, 31, 511, 4000])
-def test_latent_decode_attention_at_glm_4_7_flash_shapes(dtype, position):
-    """MLA: 20 query heads on one latent key head of 512 + 64 columns, the values its first 512 (the wide tiles)."""
-    latent, rope, heads = 512, 64, 20
+@pytest.mark.parametrize(("latent", "rope"), [(512, 64), (32, 8)], ids=["glm-4.7-flash", "tiny"])
+def test_latent_decode_attention(dtype, position, latent, rope):
+    """MLA: 20 query heads on one latent key head of latent + rope columns, the values its first `latent`:
+    GLM-4.7-Flash's shapes (the wide tiles), and the tiny test model's, whose rope is narrower than a tensor-core
+    product."""
+    heads = 20
     q = torch.randn(1, heads, latent + rope, device="cuda").to(dtype)
     rows = torch.randn(4096, 1, latent + rope, device="cuda").to(dtype)
     at, scale = torch.tensor([position], device="cuda"), (192 + rope) ** -0.5

@@ -128,8 +128,8 @@ def test_the_op_takes_a_shared_expert_for_one_token_of_fp8_experts():
     generator = torch.Generator().manual_seed(2)
     arenas, shared = random_arenas(6, "block32", generator), shared_expert("block32", generator)
     op = glu_expert_op(torch.device("cpu"), FORMATS["block32"])
-    assert op.adds_shared(1, arenas) and not op.adds_shared(2, arenas)
-    assert not op.adds_shared(1, random_arenas(2, "bf16", generator))  # 16-bit experts run on the tiles
+    assert op.takes_shared(1, arenas) and not op.takes_shared(2, arenas)
+    assert not op.takes_shared(1, random_arenas(2, "bf16", generator))  # 16-bit experts run on the tiles
     slots, weights = random_routing(1, 4, 6, generator)
     hidden = torch.randn(1, HIDDEN, generator=generator)
     with poisoned_allocations():

@@ -136,7 +136,7 @@ class ExpertCache:
     def takes_shared(self, experts_fn: ExpertOp, num_tokens: int) -> bool:
         """Whether `run` can add a shared expert to these tokens' picks: the op can, and every expert is resident
         (its one launch then needs no copies waited for nor slots resolved on the host)."""
-        return self.complete and experts_fn.adds_shared(num_tokens, self.arenas)
+        return self.complete and experts_fn.takes_shared(num_tokens, self.arenas)
 
     def groups(self, layer: int, experts: list[int]) -> Iterator[tuple[list[int], list[int]]]:
         for start in range(0, len(experts), self.num_slots):

@@ -101,7 +101,7 @@ class ExpertParallelCache:
             out = out + parts[index].to(self.device, non_blocking=True)
         return out
 
-    def takes_shared(self, experts_fn, num_tokens: int) -> bool:
+    def takes_shared(self, experts_fn: Callable[..., torch.Tensor], num_tokens: int) -> bool:
         return False  # each device's op runs its own picks: the shared expert keeps its own launches
 
     def prefetch(self, layer: int, experts: list[int]) -> None:

@@ -225,8 +225,8 @@ class GlmLayer:
         return residual if routing is None else residual + self.moe.routed(routing)
 
     def until_routed(self, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing | None]:
-        """x [T, H] before attention, attended [T, H] -> (x + attended + the MLP beside the routed experts,
-        routing)."""
+        """x [T, H] before attention, attended [T, H] -> (x + attended + the MLP beside the routed experts unless
+        the routed experts' op runs the shared expert (`routing.shared`), routing)."""
         x, normed = self.add_norm(x, attended, self.post_norm, self.eps)
         if self.moe is None:
             return self.mlp(normed, residual=x), None

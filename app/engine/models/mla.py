@@ -76,9 +76,8 @@ class LatentAttention:
             torch.einsum("thn,hnc->thc", q_nope, self.key_up),
             self.rotate(q_rope, step.cos, step.sin),
         ), dim=-1)  # [T, heads, latent + rope]
-        if len(x) == 1 and self.decode_attention is not None:
-            rows = cache.layer_rows(self.cache_layer, "latent")[:, None]  # [capacity, 1, latent + rope]
-            out = self.decode_attention(queries, rows, rows[..., : self.latent_rank], step.positions, self.scale,
+        if len(x) == 1 and self.decode_attention is not None:  # reads the rows up to the query's position
+            out = self.decode_attention(queries, latents, latents[..., : self.latent_rank], step.positions, self.scale,
                                         None, None)  # [1, heads, latent]
         else:
             visible = self.visible(x, query_latent, step, cache)
