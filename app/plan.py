@@ -388,7 +388,6 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     multiply_adds = facts.resident_weights - embedding + uses_per_token * facts.expert_weights
     overheads = hardware.overheads
     link_bps = hardware.link_bps
-    latent_s = facts.num_layers * overheads.latent_attention_s if facts.latent_attention else 0.0
     if placement.expert_slots >= facts.total_experts:
         overhead_s = facts.num_layers * overheads.resident_s
     elif placement.disk_experts:  # the host copies misses (engine: experts/cache.py)
@@ -396,7 +395,8 @@ def predict_decode(facts: ModelFacts, placement: Placement, dtype_bytes: int, ha
     else:  # misses served on the device
         overhead_s = facts.num_layers * overheads.graph_s + len(facts.moe_layers) * overheads.device_misses_s
         link_bps *= FETCH_SHARE_OF_LINK
-    overhead_s += latent_s
+    if facts.latent_attention:
+        overhead_s += facts.num_layers * overheads.latent_attention_s
     copy_s = fetched / link_bps + from_disk / hardware.disk_bps
     cpu_experts = 0.0
     if cpu_threads and cpu_tier_idle(facts, placement, hardware) is None:

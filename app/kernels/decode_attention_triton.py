@@ -54,8 +54,8 @@ def run_decode_attention(
         q, keys, values, position, shares, largest, totals, scale, groups, kv_heads, window or 0,
         keys.stride(0), values.stride(0), values.stride(1),
         DIM=dim, ROPE=rope, ROPE_BLOCK=max(16, rope), VALUES_ARE_KEYS=values_are_keys, BLOCK_L=block_l,
-        SPLITS=splits,
-        BLOCK_G=max(MIN_GROUP, triton.next_power_of_2(groups)), F32=q.dtype == torch.float32, UPCAST=INTERPRETED,
+        SPLITS=splits, BLOCK_G=max(MIN_GROUP, triton.next_power_of_2(groups)), F32=q.dtype == torch.float32,
+        UPCAST=INTERPRETED,
         num_warps=8 if wide else 4, num_stages=2 if wide else 3,
     )
     out = torch.empty((1, heads, dim), dtype=q.dtype, device=q.device)
@@ -72,8 +72,7 @@ def _share_kernel(
     q_ptr, keys_ptr, values_ptr, position_ptr, shares_ptr, largest_ptr, totals_ptr, scale, groups, kv_heads,
     window, key_row_stride, value_row_stride, value_head_stride,
     DIM: tl.constexpr, ROPE: tl.constexpr, ROPE_BLOCK: tl.constexpr, VALUES_ARE_KEYS: tl.constexpr,
-    BLOCK_L: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, F32: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_L: tl.constexpr, SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, F32: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """Share `split` of the keys key head `kv_head` sees -> for each query head of its group the unnormalised
     output [DIM], largest score and sum of exp(score - largest) (-inf and 0 for an empty share)."""
