@@ -5,13 +5,13 @@ benchmark's check, at real sizes). Skipped without a CUDA device; on the GPU mac
 
 import pytest
 import torch
-from transformers import GptOssForCausalLM
 
 from app.engine.loader import load_model
 from app.engine.runner.cuda_graph import DecodeGraph
 from app.engine.runner.step_runner import StepRunner
 from app.model_folder import ModelFolder
 from tests.engine.greedy import greedy_with_stats, reference_greedy
+from tools.demo.target import load_target
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -40,8 +40,7 @@ def test_device_served_decode_is_one_graph_and_gives_the_tokens_of_every_other_p
     assert work.misses > NEW and work.evictions > 0 and work.prefetches == 0
     copied, _ = greedy_with_stats(offloaded(tiny_gpt_oss, 5, on_device=False), PROMPT, NEW)
     cpu, _ = greedy_with_stats(load_model(ModelFolder.open(tiny_gpt_oss), dtype="float32", context=64), PROMPT, NEW)
-    reference = reference_greedy(GptOssForCausalLM.from_pretrained(str(tiny_gpt_oss), dtype=torch.float32).eval(),
-                                 PROMPT, NEW)
+    reference = reference_greedy(load_target(tiny_gpt_oss, torch.device("cpu")), PROMPT, NEW)
     assert tokens == copied == cpu == reference
 
 

@@ -9,6 +9,7 @@ from app.engine.loader import load_model
 from app.model_folder import ModelFolder
 from tests.engine.greedy import our_greedy, prompt_and_decode_logits, reference_greedy
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
+from tools.demo.target import load_target
 
 PROMPT_LENGTH = 20  # longer than the tiny model's sliding window of 8
 NEW_TOKENS = 32
@@ -19,7 +20,7 @@ def prompt(seed: int = 7) -> list[int]:
 
 
 def reference(folder) -> GptOssForCausalLM:
-    return GptOssForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    return load_target(folder, torch.device("cpu"))
 
 
 @pytest.fixture(params=["mxfp4", "dense"])

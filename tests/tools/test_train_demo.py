@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from transformers import GptOssForCausalLM
 
 from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
@@ -54,7 +53,7 @@ def test_the_exported_target_is_a_real_mxfp4_gpt_oss_that_our_engine_and_transfo
     assert folder.config["quantization_config"]["quant_method"] == "mxfp4"
     ids = heldout_prompt(trained)
     assert len(ids) > 8
-    reference = GptOssForCausalLM.from_pretrained(str(folder.path), dtype=torch.float32).eval()
+    reference = load_target(folder.path, torch.device("cpu"))
     model = load_model(folder, dtype="float32", context=len(ids) + 8).model
     ours, expected = prompt_and_decode_logits(model, reference, ids, 4)
     assert (ours - expected).abs().max() <= 1e-4

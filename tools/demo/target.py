@@ -69,9 +69,13 @@ def build_target(config: dict, settings: TargetTraining, seed: int) -> GptOssFor
 
 
 def load_target(folder: Path, device: torch.device) -> GptOssForCausalLM:
-    """An exported target back in float32 (its MXFP4 experts decoded exactly), for generation and features."""
-    model = GptOssForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
-                                              quantization_config=Mxfp4Config(dequantize=True))
+    """A GPT-OSS folder in transformers, in float32: an exported target for generation and features, and the
+    oracle of the tests. MXFP4 experts are decoded exactly on load; left quantized, recent transformers would
+    fetch its kernels from the hub, which needs a network and a GPU."""
+    quantization = json.loads((folder / "config.json").read_text()).get("quantization_config", {})
+    model = GptOssForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32,
+        quantization_config=Mxfp4Config(dequantize=True) if quantization.get("quant_method") == "mxfp4" else None)
     return model.float().to(device).eval()
 
 

@@ -7,12 +7,12 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import GptOssForCausalLM
 
 from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
 from app.errors import UserError
 from tests.fixtures.tiny_dflash import write_tiny_dflash
+from tools.demo.target import load_target
 
 PROMPT = [7, 41, 99, 3, 250, 17, 64, 128, 5, 77, 31, 200, 12, 9, 160, 45, 88, 301, 2, 19]  # longer than the window
 
@@ -24,7 +24,7 @@ def target_config(folder) -> dict:
 @pytest.fixture(scope="module")
 def reference_hidden_states(tiny_gpt_oss):
     """transformers' hidden_states (index 0: embeddings, l + 1: output of layer l), its embedding and LM head."""
-    model = GptOssForCausalLM.from_pretrained(str(tiny_gpt_oss), dtype=torch.float32).eval()
+    model = load_target(tiny_gpt_oss, torch.device("cpu"))
     with torch.no_grad():
         out = model(torch.tensor([PROMPT]), output_hidden_states=True)
     return [h[0] for h in out.hidden_states], model.model.embed_tokens.weight, model.lm_head.weight
