@@ -26,6 +26,12 @@ def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torc
     return torch.cat((first * cos - second * sin, second * cos + first * sin, x[..., rotary:]), dim=-1)
 
 
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, r], cos/sin [T, r/2]: interleaved RoPE. The result is de-interleaved (evens, then odds), as in
+    transformers; queries and keys share that order, so their dot products are unchanged."""
+    return rotate_halves(torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1), cos, sin)
+
+
 def rotary_cache_write_torch(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     keys: torch.Tensor, values: torch.Tensor,

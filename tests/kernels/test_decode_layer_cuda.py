@@ -1,11 +1,13 @@
 """The decode-layer kernels (norms, router, rotary_cache, decode_attention) compiled on a GPU at gpt-oss-20b's
-shapes (and the latent attention at GLM-4.7-Flash's), against their torch references. Skipped without a CUDA
-device."""
+shapes (and the latent attention's, latent_cache and head_products at GLM-4.7-Flash's), against their torch
+references. Skipped without a CUDA device."""
 
 import pytest
 import torch
 
 from app.kernels.decode_attention import decode_attention, decode_attention_torch
+from app.kernels.head_products import head_products, head_products_torch
+from app.kernels.latent_cache import latent_cache_write, latent_cache_write_torch
 from app.kernels.norms import add_rms_norm, add_rms_norm_torch
 from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
 from app.kernels.router import top_k_router, top_k_router_torch
@@ -82,3 +84,37 @@ def test_latent_decode_attention(dtype, position, latent, rope):
     out = decode_attention(q, rows, rows[..., :latent], at, scale, None, None)
     want = decode_attention_torch(q, rows, rows[..., :latent], at, scale, None, None)
     torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize(("queries", "latent", "rope"), [(768, 512, 64), (2048, 512, 64), (48, 32, 8)],
+                         ids=["glm-4.7-flash", "glm-5", "tiny"])
+def test_latent_cache_write(dtype, tokens, queries, latent, rope):
+    inputs = torch.randn(tokens, queries + latent + rope, device="cuda").to(dtype)
+    query_norm, latent_norm = torch.rand(queries, device="cuda") + 0.5, torch.rand(latent, device="cuda") + 0.5
+    angles = torch.rand(tokens, rope // 2, device="cuda") * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    positions = torch.arange(tokens, device="cuda") * 3 + 100
+    latents = torch.zeros(CAPACITY, latent + rope, device="cuda", dtype=dtype)
+    want_latents = latents.clone()
+    query_latent = latent_cache_write(inputs, query_norm, latent_norm, 1e-6, cos, sin, positions, latents, True)
+    want = latent_cache_write_torch(inputs, query_norm, latent_norm, 1e-6, cos, sin, positions, want_latents, True)
+    for got, wanted in ((query_latent, want), (latents, want_latents)):
+        torch.testing.assert_close(got, wanted, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 8])
+@pytest.mark.parametrize(("rows", "inputs", "rope"), [(512, 192, 64), (256, 512, 0), (32, 24, 8)],
+                         ids=["glm-4.7-flash-queries", "glm-4.7-flash-values", "tiny-queries"])
+def test_head_products(dtype, tokens, rows, inputs, rope):
+    """MLA's 20 heads: the queries' nope dims into latent space with their rope dims rotated, and the attention's
+    output back out of it."""
+    heads = 20
+    x = torch.randn(tokens, heads, inputs + rope, device="cuda").to(dtype)
+    weight = (torch.randn(heads, rows, inputs, device="cuda") * inputs**-0.5).to(dtype)
+    angles = torch.rand(tokens, rope // 2, device="cuda") * 6
+    cos, sin = (angles.cos().to(dtype), angles.sin().to(dtype)) if rope else (None, None)
+    got, want = head_products(x, weight, cos, sin), head_products_torch(x, weight, cos, sin)
+    torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])

@@ -1,11 +1,9 @@
-"""Rotary position embeddings: plain and YaRN frequencies, rotation by halves (whole or partial:
-app/kernels/rotary_cache.py) or by interleaved pairs."""
+"""Rotary position embeddings: plain and YaRN frequencies and their cos/sin tables; the rotations (by halves, whole
+or partial, or by interleaved pairs) are app/kernels/rotary_cache.py's."""
 
 import math
 
 import torch
-
-from app.kernels.rotary_cache import rotate_halves
 
 
 def rope_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
@@ -62,8 +60,3 @@ class Rotary:
         angles = positions.float()[:, None] * self.inv_freq
         return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
 
-
-def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, r], cos/sin [T, r/2]: interleaved RoPE. The result is de-interleaved (evens, then odds), as in
-    transformers; queries and keys share that order, so their dot products are unchanged."""
-    return rotate_halves(torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1), cos, sin)

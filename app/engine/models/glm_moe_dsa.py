@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
-from app.engine.layers.rope import rotate_pairs
 from app.engine.models.glm import Step
 from app.engine.models.glm4_moe_lite import Glm4MoeLite
 from app.engine.models.mla import LatentAttention, MlaConfig, latent_shape
+from app.kernels.rotary_cache import rotate_pairs
 from app.plan import dsa_indexer_types
 
 INDEX_KEY_NORM_EPS = 1e-6
