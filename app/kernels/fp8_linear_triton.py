@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
-from app.kernels.glu_experts_triton import PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
+from app.kernels.glu_experts_triton import NO_SCALE, PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
@@ -83,10 +83,14 @@ def run_fp8_linear(
 
 
 def _projection(
-    weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int] | None, in_features: int
+    weight: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int] | None, in_features: int
 ) -> Projection:
     out_features = weight.shape[0]
-    assert weight.dtype == torch.float8_e4m3fn and weight.shape == (out_features, in_features), weight.shape
+    assert weight.shape == (out_features, in_features), weight.shape
+    if scale is None:  # a 16-bit weight (the one-token kernel only: `one_token_linear`)
+        assert weight.dtype in (torch.bfloat16, torch.float16, torch.float32) and weight.is_contiguous()
+        return Projection(weight, None, NO_SCALE)
+    assert weight.dtype == torch.float8_e4m3fn, weight.dtype
     assert weight.is_contiguous() and scale.is_contiguous(), "an FP8 weight and its scale must be contiguous"
     if block is None:
         assert scale.shape == (out_features, 1), f"a per-channel scale is [out, 1], not {list(scale.shape)}"
@@ -97,35 +101,39 @@ def _projection(
     return Projection(weight, scale, PER_BLOCK, block)
 
 
-def one_token_tiles(in_features: int, glu: bool) -> RowTiles:
-    """The fastest tiles of the H200 sweep at GLM-4.5-Air's shapes (bench/NOTES.md): a GLU's gate and up rows on 4
-    warps; else 8 rows folded by 16 up to 4096 inputs, 4 beyond (o_proj's 12288: the unrolled steps' registers)."""
+def one_token_tiles(in_features: int, glu: bool, element_size: int = 1) -> RowTiles:
+    """The fastest tiles of the H200 sweep at GLM-4.5-Air's FP8 shapes (bench/NOTES.md): a GLU's gate and up rows on
+    4 warps; else 8 rows folded by 16 up to 4096 inputs, 4 beyond (o_proj's 12288: the unrolled steps' registers).
+    Wider weights (`element_size` bytes) take as many bytes a step: fewer inputs."""
+    depth = 512 // element_size
     if glu:
-        return RowTiles(4, 512, warps=4)
-    return RowTiles(8 if in_features <= 4096 else 4, 512, fold=16)
+        return RowTiles(4, depth, warps=4)
+    return RowTiles(8 if in_features <= 4096 else 4, depth, fold=16)
 
 
 def run_one_token(
     x: torch.Tensor,
     weight: torch.Tensor,
-    scale: torch.Tensor,
+    scale: torch.Tensor | None,
     block: tuple[int, int] | None = None,
     glu: bool = False,
     residual: torch.Tensor | None = None,
     tiles: RowTiles | None = None,
 ) -> torch.Tensor:
-    """`fp8_linear` of x [1, in] in one launch; `tiles` overrides `one_token_tiles`."""
+    """`fp8_linear` of x [1, in] in one launch (a 16-bit weight where `scale` is None); `tiles` overrides
+    `one_token_tiles`."""
     in_features = x.shape[1]
     projection = _projection(weight, scale, block, in_features)
     width = weight.shape[0] // 2 if glu else weight.shape[0]
     assert not glu or weight.shape[0] % 2 == 0, "gate rows then as many up rows"
     assert residual is None or (residual.shape == (1, width) and residual.dtype == x.dtype)
-    tiles = projection.inside_scale_blocks(tiles or one_token_tiles(in_features, glu))
+    tiles = projection.inside_scale_blocks(tiles or one_token_tiles(in_features, glu, weight.element_size()))
     if glu and projection.kind == PER_BLOCK:  # the up rows in one block row too
         tiles = tiles.within(width)
     out = torch.empty((1, width), dtype=x.dtype, device=x.device)
     _one_token_kernel[(triton.cdiv(width, tiles.rows),)](
-        x.contiguous(), weight, scale, out if residual is None else residual.contiguous(), out, N=width, K=in_features,
+        x.contiguous(), *projection.typed_pointers(), out if residual is None else residual.contiguous(), out,
+        N=width, K=in_features,
         **projection.scale_constants(), GLU=glu, HAS_RESIDUAL=residual is not None, **tiles.constants(),
     )
     return out

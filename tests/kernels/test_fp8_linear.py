@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from app.kernels.expert_tiles import Tiles
-from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
+from app.kernels.fp8_linear import epilogue_torch, fp8_linear, fp8_linear_torch, one_token_linear
 from app.kernels.fp8_linear_triton import pick_tiles, run_one_token
 from app.kernels.rows_times_vector_triton import RowTiles
 from tests.fixtures.tiny_glm import dequantize_reference, quantize_fp8
@@ -114,3 +114,20 @@ def test_one_token_tiles_match_reference(out, inputs, fmt, tiles, glu, with_resi
     ref = fp8_linear_torch(x, weight, scale, FORMATS[fmt], glu=glu, residual=residual)
     assert y.shape == ref.shape
     assert relative_error(y, ref) < 1e-5
+
+
+# 16-bit weights at one token (`one_token_linear`: the SiLU-gated MLPs of bf16 GLM checkpoints), each dtype's
+# default tiles and tails of rows and of steps
+@pytest.mark.parametrize(("out", "inputs"), [(40, 200), (18, 600)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("glu", "with_residual"), [(True, False), (False, True), (True, True)])
+def test_one_token_linear_of_a_16_bit_weight_matches_reference(out, inputs, dtype, glu, with_residual):
+    generator = torch.Generator().manual_seed(out + inputs + glu + 2 * with_residual)
+    weight = (torch.randn(out, inputs, generator=generator) / inputs**0.5).to(dtype)
+    x = torch.randn(1, inputs, generator=generator).to(dtype)
+    residual = torch.randn(1, out // 2 if glu else out, generator=generator).to(dtype) if with_residual else None
+    with poisoned_allocations():
+        y = one_token_linear(x, weight, glu, residual)
+    ref = epilogue_torch(x.float() @ weight.float().T, glu, None if residual is None else residual.float())
+    assert y.dtype == dtype and y.shape == ref.shape
+    assert relative_error(y.float(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)

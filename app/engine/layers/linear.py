@@ -8,8 +8,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from app.kernels.choice import triton_runs
 from app.kernels.formats.fp8 import dequantize
-from app.kernels.fp8_linear import epilogue_torch, fp8_linear_op
+from app.kernels.fp8_linear import epilogue_torch, fp8_linear_op, one_token_linear
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 
@@ -47,6 +48,9 @@ def linear(
     -> SiLU(gate) * up [..., out / 2]) and `residual` (added last) as fp8_linear's epilogues, which an FP8 weight
     runs in the product's launches."""
     if isinstance(weight, torch.Tensor):
+        if (glu or residual is not None) and bias is None and x.numel() == x.shape[-1] and triton_runs(x.device):
+            flat = residual.reshape(1, -1) if residual is not None else None  # one token: its epilogues in one launch
+            return one_token_linear(x.reshape(1, -1), weight, glu, flat).reshape(*x.shape[:-1], -1)
         return epilogue_torch(F.linear(x, weight, bias), glu, residual)
     assert bias is None or not (glu or residual is not None), "a bias comes before the epilogues"
     flat = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
