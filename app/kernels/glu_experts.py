@@ -69,8 +69,8 @@ def glu_experts(
 
 def runs_one_token(tokens: int, arenas: dict[str, torch.Tensor]) -> bool:
     """Whether the Triton op sends these picks to the one-token kernels (glu_experts_one_token.py), which can add a
-    shared expert: one token's FP8 experts (16-bit ones measured faster on the tiles)."""
-    return tokens == 1 and arenas["gate_proj.weight"].element_size() == 1
+    shared expert: one token's experts, FP8 or 16-bit."""
+    return tokens == 1
 
 
 def glu_experts_cpu(

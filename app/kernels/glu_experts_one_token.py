@@ -1,6 +1,6 @@
 """SiLU-gated routed experts (GLM) for one token's picks (the decode step): rows times one vector on CUDA cores
-(rows_times_vector_triton.py), weights converted in registers. glu_experts_triton.py sends FP8 experts here (either
-scale layout); 16-bit ones measured faster on its tiles.
+(rows_times_vector_triton.py), weights converted in registers. glu_experts_triton.py sends one token's experts here,
+FP8 (either scale layout) or 16-bit.
 
 One program per pick and block of output rows, so every weight of a pick's expert is read once by one program; a
 pick reads its expert where its row of the address table (expert_table.py) points, and a skipped pick's programs
@@ -13,6 +13,8 @@ An expert every token takes at weight 1 (GLM's shared expert, in the routed expe
 pick, from its own table row: its products then cost no launches of their own.
 """
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
@@ -21,8 +23,13 @@ from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
-# the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's shapes (bench/NOTES.md)
+# the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's FP8 shapes (bench/NOTES.md)
 GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, fold=16)
+
+
+def default_tiles(element_size: int) -> tuple[RowTiles, RowTiles]:
+    """GATE_UP and DOWN for weights of `element_size` bytes: as many bytes a step as FP8's, so fewer inputs."""
+    return tuple(replace(tiles, depth=tiles.depth // element_size) for tiles in (GATE_UP, DOWN))
 
 
 def run_one_token(
@@ -32,13 +39,14 @@ def run_one_token(
     rows: torch.Tensor,
     weights: torch.Tensor,
     names: tuple[str, ...],
-    tiles: tuple[RowTiles, RowTiles] = (GATE_UP, DOWN),
+    tiles: tuple[RowTiles, RowTiles] | None = None,
     shared: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """hidden [1, H], `projections` (gate, up, down: glu_experts_triton.Projection), rows [1, k] of the address table
     [R, C] (-1: skip), weights [1, k] -> [1, H]. `names` are the table's columns; `shared` [1, C], the table row of
-    an expert added at weight 1 (expert_table.address_row)."""
+    an expert added at weight 1 (expert_table.address_row); `tiles` (gate_up, down) override `default_tiles`."""
     gate, up, down = projections
+    tiles = tiles or default_tiles(gate.weight.element_size())
     picks = rows.numel()
     programs = picks + (shared is not None)  # pick k, the last, is the shared expert
     own = table if shared is None else shared  # read by pick k alone

@@ -62,11 +62,14 @@ def test_bfloat16_logits_stay_close_to_float32(variant, tiny_glm):
     assert (got - expected)[:positions].abs().max() <= 0.1 * expected.abs().max()
 
 
-@pytest.mark.parametrize("variant", [name for name, (_, _, fp8) in VARIANTS.items() if fp8 is not None])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_the_shared_expert_as_a_routed_pick_gives_the_logits_of_its_own_mlp(variant, tiny_glm):
-    """Resident FP8 experts at one token: the shared expert runs as one more pick of the routed experts' launches
-    (glu_experts_one_token.py), against the same model with it in its own two products."""
-    model = load(tiny_glm(variant), "cuda").model
+    """Resident experts (FP8 or 16-bit) at one token: the shared expert runs as one more pick of the routed experts'
+    launches (glu_experts_one_token.py), against the same model with it in its own two products. 16-bit experts are
+    stored in bf16, so the model runs in bf16 for its shared expert to share their format, and rounds its own MLP's
+    output apart."""
+    sixteen_bit = VARIANTS[variant][2] is None
+    model = load(tiny_glm(variant), "cuda", "bfloat16" if sixteen_bit else "float32").model
     moes = list(model.moe_layers.values())
     rows = [moe.shared_row for moe in moes]
     assert all(row is not None for row in rows)
@@ -83,4 +86,4 @@ def test_the_shared_expert_as_a_routed_pick_gives_the_logits_of_its_own_mlp(vari
         assert moes[0].routing(torch.randn(1, model.config.hidden_size, device="cuda")).shared is rows[0]
         together = logits_of_a_decode_step(rows)
         apart = logits_of_a_decode_step([None] * len(moes))
-    assert (together - apart).abs().max() <= 1e-4 * apart.abs().max()
+    assert (together - apart).abs().max() <= (2e-2 if sixteen_bit else 1e-4) * apart.abs().max()

@@ -105,6 +105,7 @@ def shared_reference(hidden: torch.Tensor, shared: dict[str, torch.Tensor], fmt:
     ("per-channel", False, RowTiles(16, 64, warps=2, fold=16)),
     ("block32", False, RowTiles(8, 16)),
     ("block128", True, RowTiles(4, 64, fold=2)),
+    ("bf16", False, RowTiles(8, 32, fold=4)),
 ])
 def test_one_token_adds_a_shared_expert_from_its_own_row(fmt, skip_all, tiles):
     generator = torch.Generator().manual_seed(len(fmt) + 3 * skip_all)
@@ -124,18 +125,19 @@ def test_one_token_adds_a_shared_expert_from_its_own_row(fmt, skip_all, tiles):
     assert relative_error(out, routed + alone) < 1e-5
 
 
-def test_the_op_takes_a_shared_expert_for_one_token_of_fp8_experts():
+@pytest.mark.parametrize("fmt", ["block32", "bf16"])
+def test_the_op_takes_a_shared_expert_for_one_token(fmt):
+    """FP8 or 16-bit experts: one token's go to the one-token kernels, which add the shared expert's row."""
     generator = torch.Generator().manual_seed(2)
-    arenas, shared = random_arenas(6, "block32", generator), shared_expert("block32", generator)
-    op = glu_expert_op(torch.device("cpu"), FORMATS["block32"])
+    arenas, shared = random_arenas(6, fmt, generator), shared_expert(fmt, generator)
+    op = glu_expert_op(torch.device("cpu"), FORMATS[fmt])
     assert op.takes_shared(1, arenas) and not op.takes_shared(2, arenas)
-    assert not op.takes_shared(1, random_arenas(2, "bf16", generator))  # 16-bit experts run on the tiles
     slots, weights = random_routing(1, 4, 6, generator)
     hidden = torch.randn(1, HIDDEN, generator=generator)
     with poisoned_allocations():
         out = op(hidden, arenas, slots, weights, shared=address_row(shared, arenas))
-    expected = (glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS["block32"])
-                + shared_reference(hidden, shared, "block32"))
+    expected = (glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
+                + shared_reference(hidden, shared, fmt))
     assert relative_error(out, expected) < 1e-5
 
 

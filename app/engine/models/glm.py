@@ -136,8 +136,11 @@ class DenseMlp:
 
     def as_expert(self, arenas: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The address row (expert_table.address_row) of these weights as one more expert of `arenas`, or None where
-        they are not in the routed experts' format and width (16-bit, other scales, gate and up apart)."""
+        they are not in the routed experts' format and width (other dtypes or scales, gate and up apart)."""
         gate_up, down = self.gate_up, self.down
+        if isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor):
+            gate, up = gate_up.chunk(2)  # gate rows, up rows
+            return address_row({"gate_proj.weight": gate, "up_proj.weight": up, "down_proj.weight": down}, arenas)
         if not (isinstance(gate_up, Fp8Weight) and isinstance(down, Fp8Weight)):
             return None
         scale = BLOCK_SCALE if gate_up.block is not None else PER_CHANNEL_SCALE
