@@ -265,11 +265,11 @@ class LayerOverheads:
     10 %; experts on disk: 2026-11-29."""
 
     resident_s: float = 0.053e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
-    # on top of these, a layer of latent attention (MLA: GLM-4.7-Flash, GLM-5): its latent projections' norms,
-    # copies and joins in torch ops, 48 launches a layer in all. One fit: GLM-4.7-Flash (bf16) fully resident at
-    # 115.4 tok/s (2026-12-03, with its decode attention kernel), which also pays its bf16 experts' tile launches;
-    # charged alike to offloaded placements and to GLM-5, whose DSA attention costs more (not yet measured)
-    latent_attention_s: float = 0.095e-3
+    # on top of these, a layer of latent attention (MLA: GLM-4.7-Flash, GLM-5): its latent kernels (latent_cache,
+    # two head_products, a two-launch decode attention), 17 launches a layer in all. One fit: GLM-4.7-Flash (bf16)
+    # fully resident at 182.5 tok/s (2026-12-04); charged alike to offloaded placements and to GLM-5, whose DSA
+    # attention costs more (not yet measured)
+    latent_attention_s: float = 0.028e-3
     graph_s: float = 0.065e-3  # misses served on the device: one CUDA graph, each step waiting for its token
     segmented_s: float = 0.37e-3  # some experts on disk: a graph per layer around the host's expert work
     device_misses_s: float = 0.15e-3  # per MoE layer: resolving and fetching misses on the device

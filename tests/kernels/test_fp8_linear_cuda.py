@@ -64,7 +64,7 @@ def test_captured_graph_replays_the_eager_result_for_new_inputs(tokens):
         assert torch.equal(static_y, fp8_linear(static_x, weight, scale, FORMATS["block128"]))
 
 
-@pytest.mark.parametrize(("variant", "dense_fp8"), [("glm4_moe_fp8", "qkv"), ("glm_moe_dsa_fp8", "q_a")])
+@pytest.mark.parametrize(("variant", "dense_fp8"), [("glm4_moe_fp8", "qkv"), ("glm_moe_dsa_fp8", "q_b")])
 def test_glm_keeps_dense_fp8_weights_fp8_on_the_gpu_and_plans_them_as_stored(variant, dense_fp8, tmp_path):
     folder = ModelFolder.open(write_tiny_glm(tmp_path, variant, mtp=False))
     gpu = load_model(folder, device="cuda", dtype="bfloat16", context=32)
