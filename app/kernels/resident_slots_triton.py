@@ -18,6 +18,13 @@ def run_resident_slots(slot_row: torch.Tensor, experts: torch.Tensor, uses: torc
 
 @triton.jit
 def _resident_slots_kernel(slot_row_ptr, experts_ptr, uses_ptr, slots_ptr, row_length, picks, BLOCK: tl.constexpr):
+    look_up_slots(slot_row_ptr, experts_ptr, uses_ptr, slots_ptr, row_length, picks, BLOCK)
+
+
+@triton.jit
+def look_up_slots(slot_row_ptr, experts_ptr, uses_ptr, slots_ptr, row_length, picks, BLOCK: tl.constexpr):
+    """slots[p] = slot_row[experts[p]] for one token's picks; uses grows by those with a slot (also run by the
+    sigmoid router's choosing program, sigmoid_router_triton.py)."""
     pick = tl.arange(0, BLOCK)
     taken = pick < picks
     expert = tl.load(experts_ptr + pick, mask=taken, other=0)

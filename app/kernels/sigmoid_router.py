@@ -2,9 +2,11 @@
 for choosing only; with groups, only the `topk_group` groups of the largest top-two sums compete; the k largest
 chosen; their unbiased scores, normalised to sum 1 where `normalize`, times `scale`.
 
-`sigmoid_router` runs the Triton kernels of sigmoid_router_triton.py (the product in one launch, the choice in
-another); `sigmoid_router_torch` is the reference, which also weights experts chosen for it (`chosen`, for
-benchmarks' routing overrides); `sigmoid_router_op` picks one for a device.
+`sigmoid_router` runs the Triton kernels of sigmoid_router_triton.py (at decode the product and the choice in one
+launch; longer passes cuBLAS's product, then the choice); `sigmoid_router_torch` is the reference, which also
+weights experts chosen for it (`chosen`, for benchmarks' routing overrides); `sigmoid_router_op` picks one for a
+device. Where every expert is resident, one token's routing also looks up its picks' slots in the expert cache
+(`sigmoid_router_slots`: the same launch), which would otherwise take a launch of resident_slots.py's.
 """
 
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from app.kernels.choice import kernel_or_reference
+from app.kernels.resident_slots import resident_slots_torch
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,35 @@ def sigmoid_router_torch(
 def sigmoid_router(
     x: torch.Tensor, weight: torch.Tensor, correction_bias: torch.Tensor, routing: SigmoidRouting,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sigmoid_router_torch` in two Triton launches (ties go to the lower expert)."""
+    """`sigmoid_router_torch` in Triton: one launch at decode, two for longer passes (ties go to the lower expert)."""
     from app.kernels.sigmoid_router_triton import run_sigmoid_router  # Triton exists on Linux only
 
-    return run_sigmoid_router(x, weight, correction_bias, routing)
+    return run_sigmoid_router(x, weight, correction_bias, routing)[:2]
 
 
 def sigmoid_router_op(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     return kernel_or_reference(device, sigmoid_router, sigmoid_router_torch)
+
+
+def sigmoid_router_slots_torch(
+    x: torch.Tensor, weight: torch.Tensor, correction_bias: torch.Tensor, routing: SigmoidRouting,
+    slot_row: torch.Tensor, uses: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One token x [1, H]: `sigmoid_router_torch`'s (experts, weights), and the experts' slots [1, k] where every
+    expert is resident (`resident_slots_torch` of slot_row [E + 1]; `uses` grows by the picks with a slot)."""
+    experts, weights = sigmoid_router_torch(x, weight, correction_bias, routing)
+    return experts, weights, resident_slots_torch(slot_row, experts, uses)
+
+
+def sigmoid_router_slots(
+    x: torch.Tensor, weight: torch.Tensor, correction_bias: torch.Tensor, routing: SigmoidRouting,
+    slot_row: torch.Tensor, uses: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sigmoid_router_slots_torch` in one Triton launch: the choosing program looks the slots up."""
+    from app.kernels.sigmoid_router_triton import run_sigmoid_router  # Triton exists on Linux only
+
+    return run_sigmoid_router(x, weight, correction_bias, routing, slot_row, uses)
+
+
+def sigmoid_router_slots_op(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    return kernel_or_reference(device, sigmoid_router_slots, sigmoid_router_slots_torch)

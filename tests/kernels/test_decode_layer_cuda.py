@@ -11,6 +11,13 @@ from app.kernels.latent_cache import latent_cache_write, latent_cache_write_torc
 from app.kernels.norms import add_rms_norm, add_rms_norm_torch
 from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
 from app.kernels.router import top_k_router, top_k_router_torch
+from app.kernels.sigmoid_router import (
+    SigmoidRouting,
+    sigmoid_router,
+    sigmoid_router_slots,
+    sigmoid_router_slots_torch,
+    sigmoid_router_torch,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -118,3 +125,34 @@ def test_head_products(dtype, tokens, rows, inputs, rope):
     cos, sin = (angles.cos().to(dtype), angles.sin().to(dtype)) if rope else (None, None)
     got, want = head_products(x, weight, cos, sin), head_products_torch(x, weight, cos, sin)
     torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize(("hidden", "experts", "routing"), [
+    (2048, 64, SigmoidRouting(k=4, scale=1.8)), (4096, 128, SigmoidRouting(k=8, scale=1.0)),
+    (6144, 256, SigmoidRouting(k=8, groups=8, kept_groups=4, scale=2.5)),
+], ids=["glm-4.7-flash", "glm-4.5-air", "grouped"])
+def test_sigmoid_router_in_one_launch(hidden, experts, routing):
+    """At decode the program that finishes its shares last chooses: eagerly, and (looking the picks' slots up too)
+    replayed in a CUDA graph with new inputs (its arrival counter must be back at 0 after every launch)."""
+    weight = torch.randn(experts, hidden, device="cuda") * hidden**-0.5
+    bias = torch.randn(experts, device="cuda") * 0.1
+    x = torch.randn(1, hidden, device="cuda").bfloat16()
+    for _ in range(3):
+        picked, weights = sigmoid_router(x, weight, bias, routing)
+        want_picked, want_weights = sigmoid_router_torch(x, weight, bias, routing)
+        assert torch.equal(picked, want_picked)
+        torch.testing.assert_close(weights, want_weights, rtol=1e-2, atol=1e-2)
+    slot_row = torch.randperm(experts + 1, device="cuda")
+    slot_row[::3] = -1
+    uses, want_uses = (torch.zeros((), dtype=torch.long, device="cuda") for _ in range(2))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_picked, static_weights, static_slots = sigmoid_router_slots(x, weight, bias, routing, slot_row, uses)
+    for seed in range(4):
+        x.copy_(torch.randn(1, hidden, generator=torch.Generator().manual_seed(seed)).bfloat16().cuda())
+        graph.replay()
+        want_picked, want_weights, want_slots = sigmoid_router_slots_torch(x, weight, bias, routing, slot_row,
+                                                                           want_uses)
+        assert torch.equal(static_picked, want_picked) and torch.equal(static_slots, want_slots)
+        torch.testing.assert_close(static_weights, want_weights, rtol=1e-2, atol=1e-2)
+    assert uses.item() == want_uses.item() > 0

@@ -138,6 +138,13 @@ class ExpertCache:
         (its one launch then needs no copies waited for nor slots resolved on the host)."""
         return self.complete and experts_fn.takes_shared(num_tokens, self.arenas)
 
+    def resident_lookup(self, layer: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where every expert is resident, what a router needs to look one token's slots up in its own launch
+        (sigmoid_router.sigmoid_router_slots): this layer's slot row [E + 1] and the uses counter; else None."""
+        if not self.complete or num_tokens != 1:
+            return None
+        return self.slot_table[layer], self._resident_uses
+
     def groups(self, layer: int, experts: list[int]) -> Iterator[tuple[list[int], list[int]]]:
         for start in range(0, len(experts), self.num_slots):
             group = experts[start : start + self.num_slots]
@@ -152,13 +159,17 @@ class ExpertCache:
         experts_fn: ExpertOp,
         predictions: dict[int, torch.Tensor] | None = None,
         shared: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """hidden [T, H], top_experts/top_weights [T, k] -> [T, H]; slot -1 marks experts outside the current group.
         `predictions` maps later layers to experts [N]; their copies start once this layer's kernel is queued.
-        `shared`, a shared expert's address row the op adds, where `takes_shared`."""
+        `shared`, a shared expert's address row the op adds, where `takes_shared`; `slots`, the picks' slots where
+        the router looked them up (`resident_lookup`)."""
         if self.complete:
-            slots = self._slots_of_resident(layer, top_experts)
+            if slots is None:
+                slots = self._slots_of_resident(layer, top_experts)
             return experts_fn(hidden, self.arenas, slots, top_weights, shared=shared)
+        assert slots is None, "only a complete cache's slots are looked up by the router (resident_lookup)"
         assert shared is None, "only a complete cache's op adds the shared expert (takes_shared)"
         if self.device_misses is not None and len(hidden) <= DEVICE_PASS_MAX_TOKENS:
             return self.device_misses.run(layer, hidden, top_experts, top_weights, experts_fn)

@@ -73,9 +73,11 @@ class ExpertParallelCache:
         experts_fn: Callable[..., torch.Tensor],
         predictions: dict[int, torch.Tensor] | None = None,
         shared: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`ExpertCache.run`, the result [T, H] on the first device."""
         assert shared is None, "the shared expert runs beside experts split over devices (takes_shared)"
+        assert slots is None, "each device looks its own slots up (resident_lookup)"
         predictions = predictions or {}
         owners = self.owner[layer][top_experts]
         later_owners = {later: self.owner[later][experts] for later, experts in predictions.items()}
@@ -103,6 +105,9 @@ class ExpertParallelCache:
 
     def takes_shared(self, experts_fn: Callable[..., torch.Tensor], num_tokens: int) -> bool:
         return False  # each device's op runs its own picks: the shared expert keeps its own launches
+
+    def resident_lookup(self, layer: int, num_tokens: int) -> None:
+        return None  # picks are split over devices first
 
     def prefetch(self, layer: int, experts: list[int]) -> None:
         """Every device records the prediction, empty ones too, so coverage adds up over the devices."""

@@ -14,13 +14,15 @@ OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_paral
 
 class Routing(NamedTuple):
     """hidden [T, H] (normed), top_experts and top_weights [T, k], predictions {later layer: experts [T, k]};
-    `shared`, the address row (expert_table.address_row) of a shared expert the routed ones' op adds, or None."""
+    `shared`, the address row (expert_table.address_row) of a shared expert the routed ones' op adds, or None;
+    `slots` [1, k], the picks' slots where the router looked them up (`ExpertCache.resident_lookup`), or None."""
 
     hidden: torch.Tensor
     top_experts: torch.Tensor
     top_weights: torch.Tensor
     predictions: dict[int, torch.Tensor]
     shared: torch.Tensor | None = None
+    slots: torch.Tensor | None = None
 
 
 class ExpertStore:

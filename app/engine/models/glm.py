@@ -21,7 +21,12 @@ from app.errors import UserError
 from app.kernels.expert_table import address_row
 from app.kernels.glu_experts import PROJECTIONS, glu_expert_op
 from app.kernels.norms import add_rms_norm_op, rms_norm
-from app.kernels.sigmoid_router import SigmoidRouting, sigmoid_router_op, sigmoid_router_torch
+from app.kernels.sigmoid_router import (
+    SigmoidRouting,
+    sigmoid_router_op,
+    sigmoid_router_slots_op,
+    sigmoid_router_torch,
+)
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 
@@ -184,7 +189,12 @@ class RoutedMoe:
 
     def routing(self, x: torch.Tensor) -> Routing:
         override = self.model.routing_override
-        if override is None:
+        lookup = self.experts.resident_lookup(self.index, len(x))
+        slots = None
+        if override is None and lookup is not None:  # the router's launch looks the slots up too
+            experts, weights, slots = self.model.route_slots(x, self.router, self.correction_bias,
+                                                             self.config.routing, *lookup)
+        elif override is None:
             experts, weights = self.route(x, self.router, self.correction_bias, self.config.routing)
         else:
             chosen = override.experts(self.index, len(x))
@@ -195,12 +205,12 @@ class RoutedMoe:
             if later in self.moe_layers
         }
         shared = self.shared_row is not None and self.experts.takes_shared(self.run_experts, len(x))
-        return Routing(x, experts, weights, predictions, self.shared_row if shared else None)
+        return Routing(x, experts, weights, predictions, self.shared_row if shared else None, slots)
 
     def routed(self, routing: Routing) -> torch.Tensor:
         """The routed experts' sum, the shared expert's output in it where `routing.shared`."""
         return self.experts.run(self.index, routing.hidden, routing.top_experts, routing.top_weights,
-                                self.run_experts, routing.predictions, shared=routing.shared)
+                                self.run_experts, routing.predictions, shared=routing.shared, slots=routing.slots)
 
 
 class GlmLayer:
@@ -253,6 +263,7 @@ class GlmModel(MoeDecoder):
         # fused kernels where Triton runs, their torch references elsewhere: fewer launches per decode step
         self.add_norm = add_rms_norm_op(self.device)
         self.route = sigmoid_router_op(self.device)
+        self.route_slots = sigmoid_router_slots_op(self.device)
         self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
         vocab, hidden = c.vocab_size, c.hidden_size
         self.embed = self.tensor("model.embed_tokens.weight", (vocab, hidden))
