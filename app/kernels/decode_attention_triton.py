@@ -3,7 +3,8 @@ take an equal share of the keys the query sees and run an online softmax over it
 head's group at once, up to 64 rows at a step: the group's queries are the rows of two tensor-core products (scores
 and values), so each key row is read once, not once per query head (GLM-4.5-Air: 12 query heads a key head). Then
 one program per query head joins the shares and the head's sink. Splitting by what is seen keeps every program
-busy at any position and reads no row past it.
+busy at any position and reads no row past it. The join reads only the shares that hold rows (at 512 rows MLA
+fills 33 of its 128), and splits a head's columns over programs (MLA's 512).
 
 MLA (GLM-4.7-Flash, mla.py) is one key head of 20 query heads over latent rows [kv_lora_rank + rope]: its keys
 are whole rows, its values their first kv_lora_rank columns (read once, as the keys' first part), and the rope
@@ -19,6 +20,7 @@ from app.kernels.expert_tiles import INTERPRETED
 STEP_BYTES = 32 * 1024  # a step's key rows at the most: the tiles of a step fit shared memory (MLA: 16 rows)
 PROGRAMS = 128  # key heads x shares of their keys: about one wave on the H200's 132 SMs (8 key heads: 16 shares)
 JOIN_CHUNK = 16  # shares the join adds at a time
+JOIN_COLUMNS = 128  # a join program's output columns at the most
 MIN_GROUP = 16  # a tensor-core product's rows at the least: smaller groups are padded
 
 
@@ -59,12 +61,22 @@ def run_decode_attention(
         num_warps=8 if wide else 4, num_stages=2 if wide else 3,
     )
     out = torch.empty((1, heads, dim), dtype=q.dtype, device=q.device)
-    _join_kernel[(heads,)](
-        shares, largest, totals, sinks if sinks is not None else q, out,
-        HAS_SINKS=sinks is not None, DIM=dim, SPLITS=splits, CHUNK=min(JOIN_CHUNK, splits),
-        num_warps=4 if wide else 1,
+    columns = min(dim, JOIN_COLUMNS)
+    _join_kernel[(heads, dim // columns)](
+        shares, largest, totals, sinks if sinks is not None else q, position, out, window or 0,
+        HAS_SINKS=sinks is not None, DIM=dim, COLUMNS=columns, SPLITS=splits, CHUNK=min(JOIN_CHUNK, splits),
+        BLOCK_L=block_l, num_warps=1,
     )
     return out
+
+
+@triton.jit
+def _share_rows(position_ptr, window, SPLITS: tl.constexpr, BLOCK_L: tl.constexpr):
+    """-> (the query's position, the first row it sees, the rows of a share: whole steps, SPLITS shares covering
+    the rows it sees)."""
+    position = tl.load(position_ptr).to(tl.int64)
+    first = tl.where(window > 0, tl.maximum(position - window + 1, 0), 0)
+    return position, first, tl.cdiv(tl.cdiv(position + 1 - first, SPLITS), BLOCK_L) * BLOCK_L
 
 
 @triton.jit
@@ -91,9 +103,7 @@ def _share_kernel(
         q_rope = tl.load(q_rows + DIM + rope[None, :], mask=real[:, None] & (rope[None, :] < ROPE), other=0.0)
         if UPCAST:
             q_rope = q_rope.to(tl.float32)
-    position = tl.load(position_ptr).to(tl.int64)
-    first = tl.where(window > 0, tl.maximum(position - window + 1, 0), 0)
-    share = tl.cdiv(tl.cdiv(position + 1 - first, SPLITS), BLOCK_L) * BLOCK_L
+    position, first, share = _share_rows(position_ptr, window, SPLITS, BLOCK_L)
     start = first + split * share
     end = tl.minimum(start + share, position + 1)
     largest = tl.full((BLOCK_G,), float("-inf"), tl.float32)
@@ -131,12 +141,13 @@ def _share_kernel(
 
 
 @triton.jit
-def _join_kernel(shares_ptr, largest_ptr, totals_ptr, sinks_ptr, out_ptr,
-                 HAS_SINKS: tl.constexpr, DIM: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr):
-    """A head's shares and sink -> its output: each share rescaled to the largest score of all (the first share
-    is never empty, so that is finite), CHUNK shares at a time."""
+def _join_kernel(shares_ptr, largest_ptr, totals_ptr, sinks_ptr, position_ptr, out_ptr, window,
+                 HAS_SINKS: tl.constexpr, DIM: tl.constexpr, COLUMNS: tl.constexpr, SPLITS: tl.constexpr,
+                 CHUNK: tl.constexpr, BLOCK_L: tl.constexpr):
+    """A head's shares and sink -> COLUMNS of its output: each share rescaled to the largest score of all (the
+    first share is never empty, so that is finite), CHUNK shares at a time up to the last that holds rows."""
     head = tl.program_id(0)
-    split, dim = tl.arange(0, SPLITS), tl.arange(0, DIM)
+    split, dim = tl.arange(0, SPLITS), tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
     largest = tl.load(largest_ptr + head * SPLITS + split)
     totals = tl.load(totals_ptr + head * SPLITS + split)
     overall = tl.max(largest, axis=0)
@@ -146,9 +157,14 @@ def _join_kernel(shares_ptr, largest_ptr, totals_ptr, sinks_ptr, out_ptr,
     total = tl.sum(totals * tl.exp(largest - overall), axis=0)  # empty shares: exp(-inf) = 0
     if HAS_SINKS:
         total += tl.exp(sink - overall)
-    out = tl.zeros((DIM,), tl.float32)
-    for first in tl.static_range(0, SPLITS, CHUNK):
-        chunk = head * SPLITS + first + tl.arange(0, CHUNK)
-        weights = tl.exp(tl.load(largest_ptr + chunk) - overall)
-        out += tl.sum(tl.load(shares_ptr + chunk[:, None] * DIM + dim[None, :]) * weights[:, None], axis=0)
+    position, first, share = _share_rows(position_ptr, window, SPLITS, BLOCK_L)
+    used = tl.cdiv(position + 1 - first, share)  # the shares past these are empty
+    out = tl.zeros((COLUMNS,), tl.float32)
+    for start in range(0, used, CHUNK):
+        index = start + tl.arange(0, CHUNK)
+        holds = index < used
+        chunk = head * SPLITS + index
+        weights = tl.exp(tl.load(largest_ptr + chunk, mask=holds, other=float("-inf")) - overall)
+        rows = tl.load(shares_ptr + chunk[:, None] * DIM + dim[None, :], mask=holds[:, None], other=0.0)
+        out += tl.sum(rows * weights[:, None], axis=0)
     tl.store(out_ptr + head * DIM + dim, (out / total).to(out_ptr.dtype.element_ty))

@@ -44,14 +44,15 @@ def test_decode_attention_in_bfloat16():
 
 
 # MLA (GLM-4.7-Flash's shape, smaller): one latent key head of 20 query heads, keys [latent + rope], the values the
-# keys' first `latent` columns; positions inside the first block, across blocks and at the last row; a latent over
-# 128 takes the wide tiles (GLM-4.7-Flash: 512)
-@pytest.mark.parametrize(("position", "latent"), [(0, 64), (40, 64), (149, 64), (100, 256)])
+# keys' first `latent` columns; positions inside the first block, across blocks and at the last row, and past 256
+# rows, where the join adds more than one chunk of shares; a latent over 128 takes the wide tiles (GLM-4.7-Flash:
+# 512) and its join two programs a head
+@pytest.mark.parametrize(("position", "latent"), [(0, 64), (40, 64), (149, 64), (100, 256), (400, 256)])
 def test_latent_attention_reads_values_from_the_keys(position, latent):
     rope, heads = 8, 20  # 8: narrower than a tensor-core product (tiny GLM-4.7-Flash)
     generator = torch.Generator().manual_seed(position)
     q = torch.randn(1, heads, latent + rope, generator=generator)
-    rows = torch.randn(CAPACITY, 1, latent + rope, generator=generator)
+    rows = torch.randn(max(CAPACITY, position + 8), 1, latent + rope, generator=generator)
     at, scale = torch.tensor([position]), (latent + rope) ** -0.5
     with poisoned_allocations():
         out = decode_attention(q, rows, rows[..., :latent], at, scale, None, None)
