@@ -8,10 +8,14 @@
 #                                          # skips the profile; BASE=tree.tar (git archive of an earlier commit's
 #                                          # app, tests and bench) first decodes GLM the same way in that tree
 #   bash bench/h200_one_token.sh mla       # GLM-4.7-Flash (latent attention): the decode-layer and GLM CUDA tests,
-#                                          # its 4-layer step profile, decoding fully resident (BASE as above first)
+#                                          # its 4-layer step profile, decoding fully resident (BASE: one or more
+#                                          # tars as above, each decoded first in its own folder)
+#   bash bench/h200_one_token.sh profiles  # the 4-layer step profiles (launches a layer, graph step time) of BASE's
+#                                          # tree and this one, alternating for ROUNDS (2), of PROFILE_MODELS (glm
+#                                          # glm-4.7-flash)
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
-phase=${1:?kernels, registers, decode or mla}
+phase=${1:?kernels, registers, decode, mla or profiles}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -65,15 +69,29 @@ if [ "$phase" = mla ]; then
   timeout 120 python3 bench/profile_decode_step.py "$out/profile-glm-4.7-flash.json" --model glm-4.7-flash --layers 4 \
     --folder /tmp/flash4 2>&1 | tee "$out/profile-glm-4.7-flash.log" | head -30
   flash="--model glm-4.7-flash --folder /tmp/flash --fractions 1.0 --routing uniform --misses device --new 64 --repeats 2"
-  if [ -n "${BASE:-}" ]; then
-    mkdir -p /tmp/base && tar -xf "$BASE" -C /tmp/base
+  for tar in ${BASE:-}; do  # one or more earlier trees, each decoded in its own folder
+    name=$(basename "$tar" .tar)
+    mkdir -p "/tmp/$name" && tar -xf "$tar" -C "/tmp/$name"
     # shellcheck disable=SC2086
-    (cd /tmp/base && timeout 170 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash-base.json" $flash 2>&1 \
-      | tee "$out/decode-glm-4.7-flash-base.log" | grep -v '^{')
-  fi
+    (cd "/tmp/$name" && timeout 170 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash-$name.json" $flash 2>&1 \
+      | tee "$out/decode-glm-4.7-flash-$name.log" | grep -v '^{')
+  done
   # shellcheck disable=SC2086
   timeout 150 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash.json" $flash 2>&1 \
     | tee "$out/decode-glm-4.7-flash.log" | grep -v '^{'
+  exit 0
+fi
+if [ "$phase" = profiles ]; then  # A/B of the 4-layer step (launches, graph time): BASE's tree and this one, alternating
+  mkdir -p /tmp/base && tar -xf "${BASE:?a tar of the earlier tree}" -C /tmp/base
+  for round in $(seq "${ROUNDS:-2}"); do
+    for tree in /tmp/base "$PWD"; do
+      name=$([ "$tree" = "$PWD" ] && echo after || echo before)
+      for model in ${PROFILE_MODELS:-glm glm-4.7-flash}; do
+        (cd "$tree" && timeout 100 python3 bench/profile_decode_step.py "$out/profile-$model-$name-$round.json" \
+          --model "$model" --layers 4 --folder "/tmp/$model-4" 2>&1 | grep "graph step" | sed "s/^/$model $name $round: /")
+      done
+    done
+  done
   exit 0
 fi
 if [ "$phase" = decode ]; then
