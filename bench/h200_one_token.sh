@@ -69,12 +69,13 @@ if [ "$phase" = mla ]; then
   timeout 120 python3 bench/profile_decode_step.py "$out/profile-glm-4.7-flash.json" --model glm-4.7-flash --layers 4 \
     --folder /tmp/flash4 2>&1 | tee "$out/profile-glm-4.7-flash.log" | head -30
   flash="--model glm-4.7-flash --folder /tmp/flash --fractions 1.0 --routing uniform --misses device --new 64 --repeats 2"
+  # shellcheck disable=SC2086
   for tar in ${BASE:-}; do  # one or more earlier trees, each decoded in its own folder
     name=$(basename "$tar" .tar)
-    mkdir -p "/tmp/$name" && tar -xf "$tar" -C "/tmp/$name"
+    mkdir -p "/tmp/trees/$name" && tar -xf "$tar" -C "/tmp/trees/$name"
     # shellcheck disable=SC2086
-    (cd "/tmp/$name" && timeout 170 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash-$name.json" $flash 2>&1 \
-      | tee "$out/decode-glm-4.7-flash-$name.log" | grep -v '^{')
+    (cd "/tmp/trees/$name" && timeout 170 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash-$name.json" $flash \
+      2>&1 | tee "$out/decode-glm-4.7-flash-$name.log" | grep -v '^{')
   done
   # shellcheck disable=SC2086
   timeout 150 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash.json" $flash 2>&1 \
@@ -88,7 +89,8 @@ if [ "$phase" = profiles ]; then  # A/B of the 4-layer step (launches, graph tim
       name=$([ "$tree" = "$PWD" ] && echo after || echo before)
       for model in ${PROFILE_MODELS:-glm glm-4.7-flash}; do
         (cd "$tree" && timeout 100 python3 bench/profile_decode_step.py "$out/profile-$model-$name-$round.json" \
-          --model "$model" --layers 4 --folder "/tmp/$model-4" 2>&1 | grep "graph step" | sed "s/^/$model $name $round: /")
+          --model "$model" --layers 4 --folder "/tmp/$model-4" 2>&1 | tee "$out/profile-$model-$name-$round.log" \
+          | grep "graph step" | sed "s/^/$model $name $round: /")
       done
     done
   done

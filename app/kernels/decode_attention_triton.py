@@ -2,9 +2,9 @@
 take an equal share of the keys the query sees and run an online softmax over it for every query head of the
 head's group at once, up to 64 rows at a step: the group's queries are the rows of two tensor-core products (scores
 and values), so each key row is read once, not once per query head (GLM-4.5-Air: 12 query heads a key head). Then
-one program per query head joins the shares and the head's sink. Splitting by what is seen keeps every program
-busy at any position and reads no row past it. The join reads only the shares that hold rows (at 512 rows MLA
-fills 33 of its 128), and splits a head's columns over programs (MLA's 512).
+programs per query head and block of its columns (MLA's 512 in four) join the shares that hold rows (at 512 rows
+MLA fills 33 of its 128) and the head's sink. Splitting by what is seen keeps every program busy at any position
+and reads no row past it.
 
 MLA (GLM-4.7-Flash, mla.py) is one key head of 20 query heads over latent rows [kv_lora_rank + rope]: its keys
 are whole rows, its values their first kv_lora_rank columns (read once, as the keys' first part), and the rope

@@ -14,7 +14,8 @@ registers (to float16 with 16-bit activations, one instruction per two weights; 
 whose bf16 tl.dot is wrong); a per-channel scale multiplies the float32 sums once, a block scale once per
 step (a step never straddles a block column); the sums stay float32 until the store.
 
-`one_token_linear` runs the one-token kernel on a 16-bit weight, for the epilogues' launches it saves.
+`one_token_linear` runs the one-token kernel on an unscaled weight (bf16, fp16, float32), for the epilogues'
+launches it saves.
 
 The kernel picks its tiles by token count (fp8_linear_triton.py says why). Every launch has shapes fixed by
 (T, out, in): no host synchronisation, capturable in a CUDA graph.
@@ -69,7 +70,7 @@ def fp8_linear(
 def one_token_linear(
     x: torch.Tensor, weight: torch.Tensor, glu: bool = False, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [1, in] @ a 16-bit weight [out, in].T with the epilogues, in one launch of the one-token kernel: cuBLAS's
+    """x [1, in] @ an unscaled weight [out, in].T with the epilogues, in one launch of the one-token kernel: cuBLAS's
     product leaves each epilogue a launch or two of its own (SiLU, the product, the add)."""
     from app.kernels.fp8_linear_triton import run_one_token  # Triton exists on Linux only
 

@@ -87,7 +87,7 @@ def _projection(
 ) -> Projection:
     out_features = weight.shape[0]
     assert weight.shape == (out_features, in_features), weight.shape
-    if scale is None:  # a 16-bit weight (the one-token kernel only: `one_token_linear`)
+    if scale is None:  # an unscaled bf16, fp16 or float32 weight (the one-token kernel only: `one_token_linear`)
         assert weight.dtype in (torch.bfloat16, torch.float16, torch.float32) and weight.is_contiguous()
         return Projection(weight, None, NO_SCALE)
     assert weight.dtype == torch.float8_e4m3fn, weight.dtype
@@ -104,11 +104,9 @@ def _projection(
 def one_token_tiles(in_features: int, glu: bool, element_size: int = 1) -> RowTiles:
     """The fastest tiles of the H200 sweep at GLM-4.5-Air's FP8 shapes (bench/NOTES.md): a GLU's gate and up rows on
     4 warps; else 8 rows folded by 16 up to 4096 inputs, 4 beyond (o_proj's 12288: the unrolled steps' registers).
-    Wider weights (`element_size` bytes) take as many bytes a step: fewer inputs."""
-    depth = 512 // element_size
-    if glu:
-        return RowTiles(4, depth, warps=4)
-    return RowTiles(8 if in_features <= 4096 else 4, depth, fold=16)
+    Wider weights (`element_size` bytes) take as many bytes a step (`RowTiles.for_element_size`)."""
+    tiles = RowTiles(4, 512, warps=4) if glu else RowTiles(8 if in_features <= 4096 else 4, 512, fold=16)
+    return tiles.for_element_size(element_size)
 
 
 def run_one_token(
@@ -120,7 +118,7 @@ def run_one_token(
     residual: torch.Tensor | None = None,
     tiles: RowTiles | None = None,
 ) -> torch.Tensor:
-    """`fp8_linear` of x [1, in] in one launch (a 16-bit weight where `scale` is None); `tiles` overrides
+    """`fp8_linear` of x [1, in] in one launch (an unscaled weight where `scale` is None); `tiles` overrides
     `one_token_tiles`."""
     in_features = x.shape[1]
     projection = _projection(weight, scale, block, in_features)

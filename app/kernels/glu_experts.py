@@ -69,7 +69,7 @@ def glu_experts(
 
 def runs_one_token(tokens: int, arenas: dict[str, torch.Tensor]) -> bool:
     """Whether the Triton op sends these picks to the one-token kernels (glu_experts_one_token.py), which can add a
-    shared expert: one token's experts, FP8 or 16-bit."""
+    shared expert: one token's experts, FP8 or 16-bit, whatever the arenas (`ExpertOp.takes_shared`'s signature)."""
     return tokens == 1
 
 

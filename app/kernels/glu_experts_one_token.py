@@ -13,8 +13,6 @@ An expert every token takes at weight 1 (GLM's shared expert, in the routed expe
 pick, from its own table row: its products then cost no launches of their own.
 """
 
-from dataclasses import replace
-
 import torch
 import triton
 import triton.language as tl
@@ -28,8 +26,8 @@ GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, f
 
 
 def default_tiles(element_size: int) -> tuple[RowTiles, RowTiles]:
-    """GATE_UP and DOWN for weights of `element_size` bytes: as many bytes a step as FP8's, so fewer inputs."""
-    return tuple(replace(tiles, depth=tiles.depth // element_size) for tiles in (GATE_UP, DOWN))
+    """GATE_UP and DOWN for weights of `element_size` bytes."""
+    return GATE_UP.for_element_size(element_size), DOWN.for_element_size(element_size)
 
 
 def run_one_token(

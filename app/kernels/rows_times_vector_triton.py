@@ -36,6 +36,10 @@ class RowTiles:
         """These tiles with at most `block_rows` rows a program, dividing it (a block row of scales)."""
         return replace(self, rows=math.gcd(self.rows, block_rows))
 
+    def for_element_size(self, element_size: int) -> "RowTiles":
+        """These tiles (measured on FP8) for weights of `element_size` bytes: as many bytes a step, so fewer inputs."""
+        return replace(self, depth=self.depth // element_size)
+
     def constants(self) -> dict:
         capped = {} if self.registers is None else {"maxnreg": self.registers}
         return dict(BLOCK_N=self.rows, BLOCK_K=self.depth, FOLD=self.fold, num_warps=self.warps, **capped)

@@ -54,7 +54,8 @@ def sigmoid_router_torch(
 def sigmoid_router(
     x: torch.Tensor, weight: torch.Tensor, correction_bias: torch.Tensor, routing: SigmoidRouting,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`sigmoid_router_torch` in Triton: one launch at decode, two for longer passes (ties go to the lower expert)."""
+    """`sigmoid_router_torch` in Triton: one launch at decode; longer passes cuBLAS's product, then the choice's
+    launch (ties go to the lower expert)."""
     from app.kernels.sigmoid_router_triton import run_sigmoid_router  # Triton exists on Linux only
 
     return run_sigmoid_router(x, weight, correction_bias, routing)[:2]

@@ -2,7 +2,8 @@
 over (block of experts, share of the inputs) each read their piece of the float32 weight once and write partial sums
 for every token (GLM-4.5-Air's 2 MB router in 128 programs; one program per token would read it through one SM);
 longer passes take cuBLAS's product as one share. The choice: per token, sums the shares and picks, in float32,
-with the experts laid out as [groups, experts per group] (its many small reductions stay within a warp on one).
+with the experts laid out as [groups, experts per group] (a longer pass's on one warp, where its many small
+reductions stay).
 At decode both are one launch: the program that finishes its shares last (an arrival counter) chooses for every
 token, and sets the counter back to 0 for the next launch. So decode launches share one counter a device and must
 not run concurrently (the engine routes on one stream)."""
@@ -30,7 +31,9 @@ def run_sigmoid_router(
     per_group = experts // routing.groups
     assert weight.shape[1] == hidden and correction_bias.shape == (experts,) and routing.k <= experts
     assert experts % routing.groups == 0 and (routing.groups == 1 or per_group >= 2)
-    assert slot_row is None or (tokens == 1 and uses is not None), "one token's slots, counted in `uses`"
+    assert slot_row is None or (tokens == 1 and slot_row.shape == (experts + 1,) and slot_row.is_contiguous()
+                                and slot_row.dtype == uses.dtype == torch.int64 and uses.numel() == 1), \
+        "one token's slots from a row [E + 1] int64, counted in `uses` [] int64"
     x = x.contiguous()
     picked = torch.empty((tokens, routing.k), dtype=torch.int64, device=x.device)
     weights = torch.empty((tokens, routing.k), dtype=x.dtype, device=x.device)
@@ -59,6 +62,8 @@ _ARRIVALS: dict[torch.device, torch.Tensor] = {}
 def _arrivals(device: torch.device) -> torch.Tensor:
     """The device's arrival counter [1] int32: 0 between launches (the last program resets it)."""
     if device not in _ARRIVALS:
+        # a capture would record the zeroing instead of running it: the first launch must come before any capture
+        assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), "route once before capturing"
         _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
     return _ARRIVALS[device]
 

@@ -46,7 +46,7 @@ def linear(
 ) -> torch.Tensor:
     """x [..., in] @ weight [out, in].T (+ bias [out]) -> [..., out] in x's dtype; `glu` (gate rows then up rows:
     -> SiLU(gate) * up [..., out / 2]) and `residual` (added last) as fp8_linear's epilogues, which an FP8 weight
-    runs in the product's launches."""
+    runs in the product's launches, and an unscaled one at one token where Triton runs (`one_token_linear`)."""
     if isinstance(weight, torch.Tensor):
         if (glu or residual is not None) and bias is None and x.numel() == x.shape[-1] and triton_runs(x.device):
             flat = residual.reshape(1, -1) if residual is not None else None  # one token: its epilogues in one launch

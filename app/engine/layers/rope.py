@@ -59,4 +59,3 @@ class Rotary:
         """positions [T] -> cos, sin [T, rotary_dim / 2]."""
         angles = positions.float()[:, None] * self.inv_freq
         return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
-

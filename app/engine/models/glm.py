@@ -164,9 +164,9 @@ class DenseMlp:
 
 class RoutedMoe:
     """Routed experts from the cache, an unscaled shared expert beside them: as one more pick of the routed experts'
-    launches where their op takes it (one token's FP8 experts, all resident), else its own MLP. While experts are
-    offloaded, this layer's input also predicts the next MoE layers' experts (their routers on it) so copies start
-    early."""
+    launches where their op takes it (one token's experts, FP8 or 16-bit, all resident), else its own MLP. While
+    experts are offloaded, this layer's input also predicts the next MoE layers' experts (their routers on it) so
+    copies start early."""
 
     def __init__(self, model: "GlmModel", index: int):
         c = model.config
@@ -183,17 +183,18 @@ class RoutedMoe:
         self.shared = DenseMlp(model, prefix + "shared_experts.", c.moe_intermediate_size * c.n_shared_experts)
         self.shared_row = self.shared.as_expert(self.experts.arenas)
         self.route = model.route
+        self.route_slots = model.route_slots
 
     def choose(self, x: torch.Tensor) -> torch.Tensor:
         return self.route(x, self.router, self.correction_bias, self.config.routing)[0]
 
     def routing(self, x: torch.Tensor) -> Routing:
         override = self.model.routing_override
-        lookup = self.experts.resident_lookup(self.index, len(x))
+        lookup = self.experts.resident_lookup(self.index, len(x)) if override is None else None
         slots = None
-        if override is None and lookup is not None:  # the router's launch looks the slots up too
-            experts, weights, slots = self.model.route_slots(x, self.router, self.correction_bias,
-                                                             self.config.routing, *lookup)
+        if lookup is not None:  # the router's launch looks the slots up too
+            experts, weights, slots = self.route_slots(x, self.router, self.correction_bias, self.config.routing,
+                                                       *lookup)
         elif override is None:
             experts, weights = self.route(x, self.router, self.correction_bias, self.config.routing)
         else:

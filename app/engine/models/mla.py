@@ -91,5 +91,6 @@ class LatentAttention:
             out = attend(queries, rows, rows[..., : self.latent_rank], visible, self.scale)  # [T, heads, latent]
         return linear(self.head_products(out, self.value_up).flatten(-2), self.o)
 
+
 def latent_shape(config: MlaConfig) -> tuple[int]:
     return (config.kv_lora_rank + config.qk_rope_head_dim,)
