@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from app.kernels.choice import kernel_or_reference
-from app.kernels.rotary_cache import rotate_halves, rotate_pairs
+from app.kernels.rotary_cache import rotate
 
 FEW_TOKENS = 16  # a decode step, or a speculative verification's block
 
@@ -28,8 +28,7 @@ def head_products_torch(
     products = torch.einsum("thk,hnk->thn", x[..., :inputs], weight)
     if cos is None:
         return products
-    rotate = rotate_pairs if interleaved else rotate_halves
-    return torch.cat((products, rotate(x[..., inputs:], cos, sin)), dim=-1)
+    return torch.cat((products, rotate(x[..., inputs:], cos, sin, interleaved)), dim=-1)
 
 
 def head_products(

@@ -12,7 +12,7 @@ import torch
 
 from app.kernels.choice import kernel_or_reference
 from app.kernels.norms import rms_norm
-from app.kernels.rotary_cache import rotate_halves, rotate_pairs
+from app.kernels.rotary_cache import rotate
 
 
 def latent_cache_write_torch(
@@ -24,8 +24,8 @@ def latent_cache_write_torch(
     latent and the rotated rope key (interleaved pairs or halves)."""
     queries, latent = query_norm.shape[0], latent_norm.shape[0]
     query_latent, kv_latent, key_rope = latent_inputs.split((queries, latent, latents.shape[1] - latent), dim=-1)
-    rotate = rotate_pairs if interleaved else rotate_halves
-    row = torch.cat((rms_norm(kv_latent, latent_norm, eps), rotate(key_rope[:, None], cos, sin)[:, 0]), dim=-1)
+    row = torch.cat((rms_norm(kv_latent, latent_norm, eps), rotate(key_rope[:, None], cos, sin, interleaved)[:, 0]),
+                    dim=-1)
     latents.index_copy_(0, positions, row)
     return rms_norm(query_latent, query_norm, eps)
 

@@ -32,6 +32,11 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return rotate_halves(torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1), cos, sin)
 
 
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """`rotate_pairs` where the rope interleaves its pairs (GLM's MLA), else `rotate_halves`."""
+    return rotate_pairs(x, cos, sin) if interleaved else rotate_halves(x, cos, sin)
+
+
 def rotary_cache_write_torch(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
     keys: torch.Tensor, values: torch.Tensor,

@@ -25,6 +25,12 @@ HIDDEN, EXPERTS, HEADS, KV_HEADS, DIM, CAPACITY = 2880, 32, 64, 8, 64, 700
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2}
 
 
+def random_rotation(tokens: int, rotary: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [tokens, rotary / 2] of random angles."""
+    angles = torch.rand(tokens, rotary // 2, device="cuda") * 6
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 7])
 def test_add_rms_norm(dtype, tokens):
@@ -52,8 +58,7 @@ def test_top_k_router(dtype, tokens, experts):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_cache_write(dtype):
     qkv = torch.randn(3, HEADS + 2 * KV_HEADS, DIM, device="cuda").to(dtype)
-    angles = torch.rand(3, DIM // 2, device="cuda") * 6
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = random_rotation(3, DIM, dtype)
     positions = torch.tensor([17, 18, 19], device="cuda")
     keys, values = (torch.zeros(CAPACITY, KV_HEADS, DIM, device="cuda", dtype=dtype) for _ in range(2))
     want_keys, want_values = keys.clone(), values.clone()
@@ -100,8 +105,7 @@ def test_latent_decode_attention(dtype, position, latent, rope):
 def test_latent_cache_write(dtype, tokens, queries, latent, rope):
     inputs = torch.randn(tokens, queries + latent + rope, device="cuda").to(dtype)
     query_norm, latent_norm = torch.rand(queries, device="cuda") + 0.5, torch.rand(latent, device="cuda") + 0.5
-    angles = torch.rand(tokens, rope // 2, device="cuda") * 6
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = random_rotation(tokens, rope, dtype)
     positions = torch.arange(tokens, device="cuda") * 3 + 100
     latents = torch.zeros(CAPACITY, latent + rope, device="cuda", dtype=dtype)
     want_latents = latents.clone()
@@ -121,8 +125,7 @@ def test_head_products(dtype, tokens, rows, inputs, rope):
     heads = 20
     x = torch.randn(tokens, heads, inputs + rope, device="cuda").to(dtype)
     weight = (torch.randn(heads, rows, inputs, device="cuda") * inputs**-0.5).to(dtype)
-    angles = torch.rand(tokens, rope // 2, device="cuda") * 6
-    cos, sin = (angles.cos().to(dtype), angles.sin().to(dtype)) if rope else (None, None)
+    cos, sin = random_rotation(tokens, rope, dtype) if rope else (None, None)
     got, want = head_products(x, weight, cos, sin), head_products_torch(x, weight, cos, sin)
     torch.testing.assert_close(got, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 

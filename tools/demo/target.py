@@ -14,7 +14,7 @@ from torch.nn.utils import parametrize
 from transformers import GptOssConfig, GptOssForCausalLM, Mxfp4Config
 
 from app.kernels.formats.mxfp4 import decode_mxfp4, encode_mxfp4
-from app.quantization import read_quantization
+from app.model_folder import ModelFolder
 from tests.fixtures.tiny_gpt_oss import tiny_gpt_oss_config, write_gpt_oss_folder
 
 # Sizes on top of gpt-oss-20b's config.json (the other keys, YaRN included, stay). The sliding window is 8
@@ -73,8 +73,7 @@ def load_target(folder: Path, device: torch.device) -> GptOssForCausalLM:
     """A GPT-OSS folder in transformers, in float32: an exported target for generation and features, and the
     oracle of the tests. MXFP4 experts are decoded exactly on load; left quantized, recent transformers would
     fetch its kernels from the hub, which needs a network and a GPU."""
-    config_path = folder / "config.json"
-    mxfp4 = read_quantization(json.loads(config_path.read_text()), config_path).method == "mxfp4"
+    mxfp4 = ModelFolder.open(folder).quantization.method == "mxfp4"
     model = GptOssForCausalLM.from_pretrained(str(folder), dtype=torch.float32,
                                               quantization_config=Mxfp4Config(dequantize=True) if mxfp4 else None)
     return model.float().to(device).eval()

@@ -60,6 +60,16 @@ def linear(
     return y if bias is None else y + bias
 
 
+def stacked_linear(
+    x: torch.Tensor, stacked: torch.Tensor | Fp8Weight | None, parts: list | tuple | None
+) -> torch.Tensor:
+    """`linear` of the weights `stacked_rows` joined, or where it could not (`stacked` None) of each of `parts`,
+    their outputs joined: [..., sum out_i] either way."""
+    if stacked is not None:
+        return linear(x, stacked)
+    return torch.cat([linear(x, weight) for weight in parts], dim=-1)
+
+
 def stacked_rows(weights: list[torch.Tensor | Fp8Weight]) -> torch.Tensor | Fp8Weight | None:
     """Linear weights [out_i, in] -> one [sum out_i, in] (one product for several: q, k and v; gate and up), or
     None where block scales would straddle two weights."""

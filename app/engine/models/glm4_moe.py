@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.layers.kv_cache import KVCache
-from app.engine.layers.linear import linear, stacked_rows
+from app.engine.layers.linear import linear, stacked_linear, stacked_rows
 from app.engine.layers.ops import attend
 from app.engine.models.glm import GlmConfig, GlmModel, Step
 from app.kernels.choice import triton_runs
@@ -62,10 +62,7 @@ class GroupedQueryAttention:
         self.decode_attention = decode_attention if triton_runs(model.device) else None
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        if self.qkv is not None:
-            qkv = linear(x, self.qkv)
-        else:
-            qkv = torch.cat([linear(x, weight) for weight in self.projections], dim=-1)
+        qkv = stacked_linear(x, self.qkv, self.projections)
         keys, values = cache.layer_rows(self.cache_layer, "k"), cache.layer_rows(self.cache_layer, "v")
         q = self.rotary_write(qkv.unflatten(-1, self.heads), step.cos, step.sin, step.positions, keys, values,
                               self.qkv_bias, self.head_norms, self.eps)

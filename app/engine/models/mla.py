@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from app.engine.layers.kv_cache import KVCache
-from app.engine.layers.linear import linear, stacked_rows
+from app.engine.layers.linear import linear, stacked_linear, stacked_rows
 from app.engine.layers.ops import attend
 from app.engine.models.glm import GlmConfig, GlmModel, Step
 from app.kernels.choice import triton_runs
@@ -68,9 +68,7 @@ class LatentAttention:
 
     def latent_inputs(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, q_lora_rank + kv_lora_rank + rope]: the query latent, the KV latent and the rope key."""
-        if self.latent_in is not None:
-            return linear(x, self.latent_in)
-        return torch.cat([linear(x, weight) for weight in self.latent_in_parts], dim=-1)
+        return stacked_linear(x, self.latent_in, self.latent_in_parts)
 
     def visible(self, x: torch.Tensor, query_latent: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
         """-> [T, L]: all earlier tokens (DSA narrows this down)."""
