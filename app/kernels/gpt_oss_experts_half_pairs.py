@@ -95,7 +95,7 @@ def _half_pairs_gate_up_kernel(
     up = tl.minimum(tl.maximum(up, -limit), limit)
     activation = (up + 1) * gate * tl.sigmoid(alpha * gate) * ACT_SCALE  # read by down as its inputs: scaled
     columns = tl.program_id(1) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-    tl.store(activations_ptr + pair * W + pair_order(columns), activation.to(tl.float16), mask=columns < W)
+    tl.store(activations_ptr + pair * W + pair_order(columns, W), activation.to(tl.float16), mask=columns < W)
 
 
 @triton.jit

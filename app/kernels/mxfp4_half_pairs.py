@@ -17,8 +17,10 @@ Each group's 32 products are summed in float16 (16 products per half), then in f
 scale. So that float16 neither overflows nor loses small values, the inputs are scaled into [-2^14, 2^14]: the
 hidden states by a power of two per token (`half_pairs`, from their largest magnitude), the activations between
 gate_up and down by a fixed one (the clamped SwiGLU is bounded by (limit + 1) * limit). The inputs are stored
-in pair order ([K/32, 16, 2] per token: the group, pair slot s = 4 w + p of word w, the half), so that a lane that
-takes a group reads its 16 pairs as four 16-byte loads.
+in pair order ([4, K/32, 4, 2] per token: word w of a group, the group, pair p of the word, the half), so that a lane
+that takes a group reads its 16 pairs as four 16-byte loads, and each of those loads is 512 contiguous bytes over a
+warp's lanes (in group-major order, [K/32, 16, 2], a load's lanes were 64 bytes apart: 16 cache lines a load, which
+kept L1 busier than the weights did).
 """
 
 import math
@@ -46,29 +48,31 @@ def half_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     assert k_size % 32 == 0, "MXFP4 groups are 32 wide"
     pairs = torch.empty((tokens, k_size), dtype=torch.float16, device=x.device)
     unscale = torch.empty(tokens, dtype=torch.float32, device=x.device)
-    _half_pairs_kernel[(tokens,)](x.contiguous(), pairs, unscale, k_size, BLOCK=triton.next_power_of_2(k_size),
+    _half_pairs_kernel[(tokens,)](x.contiguous(), pairs, unscale, K=k_size, BLOCK=triton.next_power_of_2(k_size),
                                   num_warps=8)
     return pairs, unscale
 
 
 @triton.jit
-def pair_order(columns):
-    """Where input `columns` of a token's inputs sit in pair order: [K/32, 16, 2] (group, pair slot, half)."""
+def pair_order(columns, K: tl.constexpr):
+    """Where input `columns` of a token's K inputs sit in pair order: [4, K/32, 4, 2] (word of the group, group, pair
+    of the word, half)."""
     code = columns % 8
-    return columns - code + (code % 4) * 2 + code // 4
+    word = (columns // 8) % 4
+    return ((word * (K // 32) + columns // 32) * 4 + code % 4) * 2 + code // 4
 
 
 @triton.jit
-def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, k_size, BLOCK: tl.constexpr):
+def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, K: tl.constexpr, BLOCK: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
-    inside = columns < k_size
-    x = tl.load(x_ptr + token * k_size + columns, mask=inside, other=0.0).to(tl.float32)
+    inside = columns < K
+    x = tl.load(x_ptr + token * K + columns, mask=inside, other=0.0).to(tl.float32)
     # |x| < 2^(E - 126) for the largest |x|'s exponent field E: scale by 2^(140 - E), within 2^±100 (x all zero)
     field = (tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
     exponent = tl.minimum(tl.maximum(140 - field, -100), 100)
     scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(pairs_ptr + token * k_size + pair_order(columns), (x * scale).to(tl.float16), mask=inside)
+    tl.store(pairs_ptr + token * K + pair_order(columns, K), (x * scale).to(tl.float16), mask=inside)
     tl.store(unscale_ptr + token, ((141 - exponent) << 23).to(tl.float32, bitcast=True))  # 2^(14 - exponent)
 
 
@@ -168,12 +172,12 @@ def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: 
     # a byte per lane: contiguous bytes would go to one lane, and then to the others through shared memory
     scales_at = tl.max_contiguous(rows[:, None] * GROUPS + group[None, :], [1, 1])
     scale = _load(scale_ptr + scales_at, w_ok, full and N % BLOCK_N == 0)
-    # one 16-byte load per word: a lane's 16 pairs of a group are 64 contiguous bytes; read as [BLOCK_N, 32, 4]
-    # (a lane's rows load the same pairs once) so that they lie in the lanes as the words do
-    pairs_at = pairs_ptr + group[None, :, None] * 16 + four + rows[:, None, None] * 0
+    # one 16-byte load per word of a group, 512 contiguous bytes over the lanes; read as [BLOCK_N, 32, 4] (a lane's
+    # rows load the same pairs once) so that they lie in the lanes as the words do
+    pairs_at = pairs_ptr + group[None, :, None] * 4 + four + rows[:, None, None] * 0
     x_ok = (group < GROUPS)[None, :, None]
-    x0, x1 = _load(pairs_at, x_ok, full), _load(pairs_at + 4, x_ok, full)
-    x2, x3 = _load(pairs_at + 8, x_ok, full), _load(pairs_at + 12, x_ok, full)
+    x0, x1 = _load(pairs_at, x_ok, full), _load(pairs_at + GROUPS * 4, x_ok, full)
+    x2, x3 = _load(pairs_at + GROUPS * 8, x_ok, full), _load(pairs_at + GROUPS * 12, x_ok, full)
     return words4.to(tl.uint32, bitcast=True), scale, x0, x1, x2, x3
 
 
@@ -196,7 +200,7 @@ def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.con
                                 BLOCK_N: tl.constexpr):
     """W[rows, :] @ x -> [BLOCK_N] float32, before the inputs' unscaling. W is one expert's MXFP4 as uint32 words
     [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order (`half_pairs`) as uint32
-    float16 pairs [K/32, 16]. The lanes of a warp take 32 groups at a time, all of K in at most 4 unrolled steps,
+    float16 pairs [4, K/32, 4]. The lanes of a warp take 32 groups at a time, all of K in at most 4 unrolled steps,
     with masks only on the last step's groups past K (and on rows past N); a lane reads a row's group as one
     16-byte load, its 16 input pairs as four."""
     GROUPS: tl.constexpr = K // 32

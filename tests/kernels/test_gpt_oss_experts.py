@@ -157,8 +157,9 @@ def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, to
 def test_half_pairs_scale_by_a_power_of_two_into_pair_order():
     x = torch.randn(2, 64) * torch.tensor([[1e-3], [300.0]])
     pairs, unscale = half_pairs(x)
-    # input 8 w + p + 4 h of group g sits at 32 g + 8 w + 2 p + h: a group's 16 pairs (p, p + 4 of word w) together
-    order = torch.arange(64).view(2, 4, 2, 4).permute(0, 1, 3, 2).flatten()
+    # input 32 g + 8 w + p + 4 h (of 2 groups) sits at 16 w + 8 g + 2 p + h: word w's 4 pairs (p, p + 4) of every
+    # group together, then word w + 1's
+    order = torch.arange(64).view(2, 4, 2, 4).permute(1, 0, 3, 2).flatten()
     restored = pairs.float()[:, torch.argsort(order)] * unscale[:, None] * 2.0**-14
     torch.testing.assert_close(restored, x, rtol=2**-11, atol=0)
     assert (pairs.float().abs().amax(dim=1) < 2**14).all() and (pairs.float().abs().amax(dim=1) >= 2**13).all()
