@@ -61,6 +61,9 @@ def run_fp8_linear(
         sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
         tiles = pick_tiles(tokens, out_features, in_features, sm_count)
     block_m, weight_tiles, split = tiles
+    dtype, half = x.dtype, x.dtype != torch.float32
+    if x.dtype == torch.bfloat16 and projection.kind != NO_SCALE and tokens > DECODE_TOKENS:
+        x = float16_inputs(x)
     step = projection.step(weight_tiles)
     # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
     steps = triton.cdiv(in_features, step)
@@ -70,16 +73,23 @@ def run_fp8_linear(
     if finish:
         out = torch.empty((split, tokens, out_features), dtype=torch.float32, device=x.device)
     else:
-        out = torch.empty((tokens, out_features), dtype=x.dtype, device=x.device)
+        out = torch.empty((tokens, out_features), dtype=dtype, device=x.device)
     grid = (triton.cdiv(out_features, weight_tiles.features), triton.cdiv(tokens, block_m), split)
     _fp8_linear_kernel[grid](
         x, weight, scale, out, tokens, out_features, in_features, per_split,
-        **projection.constants(half=x.dtype != torch.float32),
-        F32_INPUTS=x.dtype == torch.float32, UPCAST=INTERPRETED,
+        **projection.constants(half=half),
+        F32_INPUTS=dtype == torch.float32, UPCAST=INTERPRETED,
         BLOCK_M=block_m, BLOCK_N=weight_tiles.features, BLOCK_K=step,
         num_warps=weight_tiles.warps, num_stages=weight_tiles.stages,
     )
-    return finish_shares(out, x.dtype, glu, residual) if finish else out
+    return finish_shares(out, dtype, glu, residual) if finish else out
+
+
+def float16_inputs(x: torch.Tensor) -> torch.Tensor:
+    """x as float16, saturated at its largest finite value: what the float16 products take. Converted once before a
+    prefill chunk's tiles, the kernel's tensor cores read x straight from shared memory (sm_90 disassembly: converted
+    in the loop, each step's x went back through shared memory and every step waited for its products)."""
+    return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)
 
 
 def _projection(

@@ -205,7 +205,9 @@ def _expert_matmul(
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
         elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
-            w, x = w.to(tl.float16), tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+            w = w.to(tl.float16)
+            if x.dtype != tl.float16:
+                x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         if SCALES == 2:
             scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)

@@ -65,6 +65,20 @@ def test_bfloat16_inputs_give_bfloat16_close_to_float32():
     assert relative_error(y, fp8_linear_torch(x, weight, scale, (32, 32))) < 1e-2
 
 
+@pytest.mark.parametrize("fmt", ["per-channel", "block32"])
+def test_bfloat16_prefill_takes_float16_inputs_saturated(fmt):
+    """A prefill chunk converts bf16 x to float16 once: values past float16's range saturate, as in the products."""
+    generator = torch.Generator().manual_seed(8)
+    weight, scale = random_fp8_linear(40, 96, fmt, generator)
+    x = torch.randn(20, 96, generator=generator).bfloat16()
+    x[3, 5], x[11, 70] = 1e6, -3e5
+    with poisoned_allocations():
+        y = fp8_linear(x, weight, scale, FORMATS[fmt], PREFILL)
+    assert y.dtype == torch.bfloat16
+    expected = fp8_linear_torch(x.float().clamp(-65504.0, 65504.0), weight, scale, FORMATS[fmt])
+    assert relative_error(y, expected) < 1e-2
+
+
 def test_decode_splits_inputs_until_the_gpu_has_two_programs_per_sm():
     # GLM-4.5-Air's o_proj at decode: 4096 rows make 128 row tiles, 132 SMs want 264 programs: 3 splits
     assert pick_tiles(1, 4096, 12288, 132)[::2] == (16, 3)
