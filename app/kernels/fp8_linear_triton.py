@@ -23,7 +23,15 @@ import triton
 import triton.language as tl
 
 from app.kernels.expert_tiles import INTERPRETED, Tiles
-from app.kernels.glu_experts_triton import NO_SCALE, PER_BLOCK, PER_CHANNEL, Projection, _expert_matmul, _row_pointers
+from app.kernels.glu_experts_triton import (
+    NO_SCALE,
+    PER_BLOCK,
+    PER_CHANNEL,
+    Projection,
+    _expert_matmul,
+    _row_pointers,
+    float16_inputs,
+)
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
@@ -83,13 +91,6 @@ def run_fp8_linear(
         num_warps=weight_tiles.warps, num_stages=weight_tiles.stages,
     )
     return finish_shares(out, dtype, glu, residual) if finish else out
-
-
-def float16_inputs(x: torch.Tensor) -> torch.Tensor:
-    """x as float16, saturated at its largest finite value: what the float16 products take. Converted once before a
-    prefill chunk's tiles, the kernel's tensor cores read x straight from shared memory (sm_90 disassembly: converted
-    in the loop, each step's x went back through shared memory and every step waited for its products)."""
-    return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)
 
 
 def _projection(

@@ -148,11 +148,14 @@ def run_from_table(
     shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
                   COLUMNS=len(names))
     half = config.fp16_products and hidden.dtype != torch.float32
+    inputs = hidden
+    if half and gate.kind != NO_SCALE and hidden.dtype == torch.bfloat16:
+        inputs = float16_inputs(hidden)  # and float16 activations: both read by the tensor cores as they are
 
-    activations = torch.empty((num_pairs, width), dtype=hidden.dtype, device=device)
+    activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features // 2))](
-        hidden, *gate.typed_pointers(), table, *tiles_in, activations, hidden_size, width, picks,
+        inputs, *gate.typed_pointers(), table, *tiles_in, activations, hidden_size, width, picks,
         *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
         **shared, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
@@ -166,6 +169,14 @@ def run_from_table(
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return sum_picks(per_pick, rows, hidden.dtype)
+
+
+def float16_inputs(x: torch.Tensor) -> torch.Tensor:
+    """x as float16, saturated at its largest finite value: what the float16 products (`Projection.constants`) take.
+    Converted once before the tiles, x goes from shared memory straight to the tensor cores (sm_90: converted in
+    `_expert_matmul`'s loop, each step's x went back through shared memory and every step waited for its
+    products)."""
+    return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)
 
 
 @triton.jit
@@ -206,7 +217,7 @@ def _expert_matmul(
             w, x = w.to(tl.float32), x.to(tl.float32)
         elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
             w = w.to(tl.float16)
-            if x.dtype != tl.float16:
+            if x.dtype != tl.float16:  # `float16_inputs` spares the loop this
                 x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         if SCALES == 2:
@@ -268,6 +279,8 @@ def _gate_up_kernel(
     # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_M)), (1, 2, 0)))
     activation = gate * tl.sigmoid(gate) * up
+    if activations_ptr.dtype.element_ty == tl.float16:
+        activation = tl.clamp(activation, -65504.0, 65504.0)
     store_activations(activations_ptr, activation, positions, used, width, BLOCK_N // 2)
 
 
