@@ -219,13 +219,13 @@ def _expert_matmul(
             w = w.to(tl.float16)
             if x.dtype != tl.float16:  # `float16_inputs` spares the loop this
                 x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-        # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
+        w = w.to(x.dtype)
         if SCALES == 2:
-            scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32)
-            products = tl.dot(w.to(x.dtype), x, input_precision="tf32x3" if F32_INPUTS else "tf32")
-            acc += products * scale[:, None]
-        else:
-            acc = tl.dot(w.to(x.dtype), x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
+            # the step's block scale goes into its weights, not its products: the products then add up in the
+            # tensor cores' accumulator, and a step does not wait for its own products before the next
+            w = w * tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(w.dtype)[:, None]
+        # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
+        acc = tl.dot(w, x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if SCALES == 1:
