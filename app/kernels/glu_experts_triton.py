@@ -87,7 +87,8 @@ class Projection:
         return weight, weight if scale is None else names.index(f"{name}.{scale}")
 
     def constants(self, half: bool) -> dict:
-        """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16)."""
+        """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16; times its block's
+        scale it is rounded to float16)."""
         return self.scale_constants() | dict(HALF=half and self.kind != NO_SCALE)
 
     def scale_constants(self) -> dict:
