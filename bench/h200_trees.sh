@@ -4,7 +4,8 @@
 #   bash bench/h200_trees.sh [TREE.tar ...]   # each TREE.tar: git archive <commit> app tests bench tools
 # This tree first runs its CUDA tests of the kernels and engines (TESTS overrides the list). Then this tree and each
 # tar, in turn: the MXFP4 one-token experts (bench/kernel_gpt_oss_experts.py at T = 1 with its float16-pair sweep)
-# and the FP8 dense prefill sweep (bench/kernel_fp8_linear.py --prefill). Last, Nsight Compute on this tree's
+# and the FP8 dense prefill sweep (bench/kernel_fp8_linear.py --prefill); with ONE_TOKEN=1 also the FP8 and bf16 GLU
+# experts at one token (bench/kernel_one_token.py --experts: the tree's tile sweep). Last, Nsight Compute on this tree's
 # one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts, sectors a request).
 # Results land in $OUT/results.tgz (the machine keeps nothing, and only a few files come back).
 set -uo pipefail
@@ -37,6 +38,10 @@ for tree in "${trees[@]}"; do
   (cd "$tree" && timeout 150 python3 bench/kernel_fp8_linear.py "$out/r/prefill-$name.json" --prefill \
     > "$out/r/prefill-$name.log" 2>&1)
   grep "default" "$out/r/prefill-$name.log" | cut -c1-200
+  [ "${ONE_TOKEN:-0}" = 1 ] || continue
+  (cd "$tree" && timeout 200 python3 bench/kernel_one_token.py "$out/r/one-token-$name.json" --experts \
+    > "$out/r/one-token-$name.log" 2>&1)
+  grep "experts" "$out/r/one-token-$name.log" | cut -c1-260
 done
 
 # two launches a call match: skip 4 profiles the third MXFP4 call, skip 10 the third GLU call

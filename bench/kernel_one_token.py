@@ -2,7 +2,7 @@
 experts as rows times one vector (app/kernels/rows_times_vector_triton.py), against the tensor-core tiles they
 replace at T = 1.
 
-    python3 bench/kernel_one_token.py OUT.json [--registers]
+    python3 bench/kernel_one_token.py OUT.json [--registers] [--experts]
 
 Dense (fp8_linear_triton.run_one_token): a layer's products as the engine stacks them (q/k/v 14336 × 4096, o
 4096 × 12288 with the residual add, the shared expert's gate + up 2816 × 4096 with SiLU * up, its down 4096 × 1408
@@ -12,7 +12,8 @@ a CUDA graph that cycles through copies of the weight exceeding the L2, as a dec
 Experts (glu_experts_one_token.py): all 128 experts of a layer in slots, 8 picks, each kernel timed by the profiler
 (L2 flushed) on 8 disjoint routings; `tiles` is the tile plan's path (pick_config). Both sweep rows per program ×
 inputs per step × warps; with --registers, the defaults (and wider experts) under register caps
-(REGISTER_CAPS) instead. Floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
+(REGISTER_CAPS) instead; with --experts, the experts alone. Floor = bytes / device-to-device copy bandwidth (read +
+write) measured in the same run.
 """
 
 import itertools
@@ -128,12 +129,12 @@ def expert_case(arenas, fmt: str, tiles: tuple[RowTiles, RowTiles] | None) -> di
             "bytes_read": bytes_read(arenas, order[0])}
 
 
-def main(out_path: str, registers: bool) -> None:
+def main(out_path: str, registers: bool, experts_only: bool) -> None:
     report, save = start_report(out_path, {"dense": DENSE, "experts": {"hidden": HIDDEN, "picks": PICKS},
                                            "sweep": "register caps" if registers else "tiles"})
     report["floor"] = "bytes (weights, scales, x, outputs, residual) / copy bandwidth (read + write counted)"
     copy = report["copy_bandwidth"]
-    for fmt, block in FORMATS.items():
+    for fmt, block in {} if experts_only else FORMATS.items():
         for name in DENSE:
             for tiles in dense_sweep(name, registers):
                 case = {"kind": "dense", "format": fmt, "weight": name, "tiles": repr(tiles) if tiles else "tiles"}
@@ -164,4 +165,4 @@ def main(out_path: str, registers: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--registers" in sys.argv[2:])
+    main(sys.argv[1], "--registers" in sys.argv[2:], "--experts" in sys.argv[2:])
