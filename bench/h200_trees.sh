@@ -2,11 +2,13 @@
 # The kernel benchmarks of this tree and of earlier or other trees in one device call, on the GPU machine, from the
 # repository root there:
 #   bash bench/h200_trees.sh [TREE.tar ...]   # each TREE.tar: git archive <commit> app tests bench tools
-# This tree first runs its CUDA tests of the kernels and engines (TESTS overrides the list). Then this tree and each
-# tar, in turn: the MXFP4 one-token experts (bench/kernel_gpt_oss_experts.py at T = 1 with its float16-pair sweep)
-# and the FP8 dense prefill sweep (bench/kernel_fp8_linear.py --prefill); with ONE_TOKEN=1 also the FP8 and bf16 GLU
-# experts at one token (bench/kernel_one_token.py --experts: the tree's tile sweep). Last, Nsight Compute on this tree's
-# one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts, sectors a request).
+# This tree first runs its CUDA tests of the kernels and engines (TESTS overrides the list; TESTS=none skips them).
+# Then this tree and each tar, in turn, run the PHASES (default "experts prefill"): experts, the MXFP4 one-token
+# experts (bench/kernel_gpt_oss_experts.py at T = 1 with its float16-pair sweep); prefill, the FP8 dense prefill
+# sweep (bench/kernel_fp8_linear.py --prefill); one_token, the FP8 and bf16 GLU experts at one token
+# (bench/kernel_one_token.py --experts: the tree's tile sweep). Last, unless NCU=0, Nsight Compute on this tree's
+# one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts, sectors a request). About 1.5
+# minutes a tree for the default phases, 2-3 for one_token: a call holds 10 minutes.
 # Results land in $OUT/results.tgz (the machine keeps nothing, and only a few files come back).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -18,10 +20,13 @@ nvidia-smi --query-gpu=name,driver_version --format=csv > "$out/r/gpu.txt"
 tests=${TESTS:-tests/kernels/test_gpt_oss_experts_cuda.py tests/kernels/test_decode_layer_cuda.py
   tests/kernels/test_fp8_linear_cuda.py tests/kernels/test_glu_experts_cuda.py tests/engine/test_glm_cuda.py
   tests/engine/test_cuda.py}
-# shellcheck disable=SC2086
-timeout 240 python3 -m pytest -q -p no:cacheprovider $tests > "$out/r/cuda-tests.log" 2>&1
-echo "pytest exit status $?" >> "$out/r/cuda-tests.log"
-tail -4 "$out/r/cuda-tests.log"
+if [ "$tests" != none ]; then
+  # shellcheck disable=SC2086
+  timeout 240 python3 -m pytest -q -p no:cacheprovider $tests > "$out/r/cuda-tests.log" 2>&1
+  echo "pytest exit status $?" >> "$out/r/cuda-tests.log"
+  tail -4 "$out/r/cuda-tests.log"
+fi
+phases=" ${PHASES:-experts prefill} "
 
 trees=("$PWD")
 for tar in "$@"; do
@@ -32,17 +37,23 @@ done
 for tree in "${trees[@]}"; do
   name=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
   echo "== $name"
-  (cd "$tree" && timeout 150 python3 bench/kernel_gpt_oss_experts.py "$out/r/experts-$name.json" --tokens 1 \
-    --formats mxfp4 --no-tile-sweeps > "$out/r/experts-$name.log" 2>&1)
-  grep "T=  1\|T=1 " "$out/r/experts-$name.log" | sed 's/LaunchConfig(pairs_per_tile=1, gate_up=//' | cut -c1-300
-  (cd "$tree" && timeout 150 python3 bench/kernel_fp8_linear.py "$out/r/prefill-$name.json" --prefill \
-    > "$out/r/prefill-$name.log" 2>&1)
-  grep "default" "$out/r/prefill-$name.log" | cut -c1-200
-  [ "${ONE_TOKEN:-0}" = 1 ] || continue
-  (cd "$tree" && timeout 200 python3 bench/kernel_one_token.py "$out/r/one-token-$name.json" --experts \
-    > "$out/r/one-token-$name.log" 2>&1)
-  grep "experts" "$out/r/one-token-$name.log" | cut -c1-260
+  if [[ $phases == *" experts "* ]]; then
+    (cd "$tree" && timeout 150 python3 bench/kernel_gpt_oss_experts.py "$out/r/experts-$name.json" --tokens 1 \
+      --formats mxfp4 --no-tile-sweeps > "$out/r/experts-$name.log" 2>&1)
+    grep "T=  1\|T=1 " "$out/r/experts-$name.log" | sed 's/LaunchConfig(pairs_per_tile=1, gate_up=//' | cut -c1-300
+  fi
+  if [[ $phases == *" prefill "* ]]; then
+    (cd "$tree" && timeout 150 python3 bench/kernel_fp8_linear.py "$out/r/prefill-$name.json" --prefill \
+      > "$out/r/prefill-$name.log" 2>&1)
+    grep "default" "$out/r/prefill-$name.log" | cut -c1-200
+  fi
+  if [[ $phases == *" one_token "* ]]; then
+    (cd "$tree" && timeout 200 python3 bench/kernel_one_token.py "$out/r/one-token-$name.json" --experts \
+      > "$out/r/one-token-$name.log" 2>&1)
+    grep "experts" "$out/r/one-token-$name.log" | cut -c1-260
+  fi
 done
+[ "${NCU:-1}" = 0 ] && exit 0
 
 # two launches a call match: skip 4 profiles the third MXFP4 call, skip 10 the third GLU call
 cat > /tmp/experts_one_token.py <<'PY'
