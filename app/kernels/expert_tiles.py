@@ -16,6 +16,8 @@ import triton.language as tl
 # how store_activations lays out a pair's activations [W]: as they are, or by group ([32, W/32], mxfp4_cuda_cores.py)
 IN_ORDER, GROUP_MAJOR = tl.constexpr(0), tl.constexpr(1)
 MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
+# up to a verify block the tiles are bound by reading the weights (and count launches); past it, by the tensor cores
+DECODE_TOKENS = 16
 # whether the expert kernels run in Triton's interpreter (triton.jit reads the variable when they are
 # defined), whose bf16 tl.dot is wrong: UPCAST
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.expert_tiles import INTERPRETED, Tiles
+from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
 from app.kernels.glu_experts_triton import (
     NO_SCALE,
     PER_BLOCK,
@@ -34,7 +34,6 @@ from app.kernels.glu_experts_triton import (
 )
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
-DECODE_TOKENS = 16  # up to a verify block: the memory-bound tiles
 PROGRAMS_PER_SM = 2
 MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
 

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from app.kernels.expert_table import columns, row_pointer, slot_table
 from app.kernels.expert_tiles import (
+    DECODE_TOKENS,
     INTERPRETED,
     MAX_PAIRS,
     LaunchConfig,
@@ -150,7 +151,7 @@ def run_from_table(
                   COLUMNS=len(names))
     half = config.fp16_products and hidden.dtype != torch.float32
     inputs = hidden
-    if half and gate.kind != NO_SCALE and hidden.dtype == torch.bfloat16:
+    if half and gate.kind != NO_SCALE and hidden.dtype == torch.bfloat16 and tokens > DECODE_TOKENS:
         inputs = float16_inputs(hidden)  # and float16 activations: both read by the tensor cores as they are
 
     activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
@@ -174,7 +175,8 @@ def run_from_table(
 
 def float16_inputs(x: torch.Tensor) -> torch.Tensor:
     """x as float16, saturated at its largest finite value: what the float16 products (`Projection.constants`) take.
-    Converted once before the tiles, x goes from shared memory straight to the tensor cores (sm_90: converted in
+    Converted once before a prefill chunk's tiles (more than DECODE_TOKENS tokens: a verify block keeps its launches
+    and converts in the loop), x goes from shared memory straight to the tensor cores (sm_90: converted in
     `_expert_matmul`'s loop, each step's x went back through shared memory and every step waited for its
     products)."""
     return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)

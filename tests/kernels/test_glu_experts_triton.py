@@ -153,12 +153,13 @@ def test_an_expert_unlike_the_arenas_gets_no_address_row():
     assert address_row(shared | {"gate_proj.weight": offset}, arenas) is None  # 16-byte loads would be misaligned
 
 
-def test_bfloat16_hidden_matches_float32_reference():
+@pytest.mark.parametrize("tokens", [12, 20])  # a verify block; a prefill chunk, whose inputs go to float16 first
+def test_bfloat16_hidden_matches_float32_reference(tokens):
     fmt = "block128"  # the interpreter's bf16 conversions; bf16 weights are covered on the GPU
     generator = torch.Generator().manual_seed(11)
     arenas = random_arenas(6, fmt, generator)
-    slots, weights = random_routing(12, 4, 6, generator)
-    hidden = torch.randn(12, HIDDEN, generator=generator).to(torch.bfloat16)
+    slots, weights = random_routing(tokens, 4, 6, generator)
+    hidden = torch.randn(tokens, HIDDEN, generator=generator).to(torch.bfloat16)
     out = run_kernel(hidden, arenas, slots, weights.to(torch.bfloat16), fp8_block=FORMATS[fmt])
     ref = glu_experts_torch(hidden.float(), arenas, slots, weights, fp8_block=FORMATS[fmt])
     assert out.dtype == torch.bfloat16
