@@ -30,7 +30,7 @@ from app.kernels.glu_experts_triton import (
     Projection,
     _expert_matmul,
     _row_pointers,
-    float16_inputs,
+    tile_inputs,
 )
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
@@ -69,8 +69,7 @@ def run_fp8_linear(
         tiles = pick_tiles(tokens, out_features, in_features, sm_count)
     block_m, weight_tiles, split = tiles
     dtype, half = x.dtype, x.dtype != torch.float32
-    if x.dtype == torch.bfloat16 and projection.kind != NO_SCALE and tokens > DECODE_TOKENS:
-        x = float16_inputs(x)
+    x = tile_inputs(x, projection, half)
     step = projection.step(weight_tiles)
     # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
     steps = triton.cdiv(in_features, step)

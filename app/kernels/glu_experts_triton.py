@@ -150,9 +150,7 @@ def run_from_table(
     shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
                   COLUMNS=len(names))
     half = config.fp16_products and hidden.dtype != torch.float32
-    inputs = hidden
-    if half and gate.kind != NO_SCALE and hidden.dtype == torch.bfloat16 and tokens > DECODE_TOKENS:
-        inputs = float16_inputs(hidden)  # and float16 activations: both read by the tensor cores as they are
+    inputs = tile_inputs(hidden, gate, half)  # float16 inputs come with float16 activations
 
     activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
     tiles = config.gate_up
@@ -173,13 +171,15 @@ def run_from_table(
     return sum_picks(per_pick, rows, hidden.dtype)
 
 
-def float16_inputs(x: torch.Tensor) -> torch.Tensor:
-    """x as float16, saturated at its largest finite value: what the float16 products (`Projection.constants`) take.
-    Converted once before a prefill chunk's tiles (more than DECODE_TOKENS tokens: a verify block keeps its launches
-    and converts in the loop), x goes from shared memory straight to the tensor cores (sm_90: converted in
-    `_expert_matmul`'s loop, each step's x went back through shared memory and every step waited for its
-    products)."""
-    return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)
+def tile_inputs(x: torch.Tensor, projection: Projection, half: bool) -> torch.Tensor:
+    """x [T, in] as `_expert_matmul` takes it for `projection`'s tiles: where they multiply an FP8 weight in float16
+    (`half`) and a prefill chunk's bf16 x (more than DECODE_TOKENS tokens: a verify block keeps its launches and
+    converts in the loop), x as float16 saturated at its largest finite value, converted once. x then goes from
+    shared memory straight to the tensor cores (sm_90: converted in the loop, each step's x went back through shared
+    memory and every step waited for its products)."""
+    if half and projection.kind != NO_SCALE and x.dtype == torch.bfloat16 and x.shape[0] > DECODE_TOKENS:
+        return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)
+    return x
 
 
 @triton.jit
@@ -218,11 +218,9 @@ def _expert_matmul(
         w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
         if UPCAST:
             w, x = w.to(tl.float32), x.to(tl.float32)
-        elif HALF:  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight; f16 x saturates
-            w = w.to(tl.float16)
-            if x.dtype != tl.float16:  # `float16_inputs` spares the loop this
-                x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-        w = w.to(x.dtype)
+        elif HALF and x.dtype != tl.float16:  # `tile_inputs` spares the loop this; f16 x saturates
+            x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
+        w = w.to(x.dtype)  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight
         if SCALES == 2:
             # the step's block scale goes into its weights, not its products: the products then add up in the
             # tensor cores' accumulator, and a step does not wait for its own products before the next
