@@ -4,7 +4,8 @@ Triton reads TRITON_INTERPRET when it is first imported (its own library of jit 
 when each kernel is defined, and by the time pytest reaches this folder other tests have imported
 it for real. So a run without the variable collects only the runner below, which tests this folder
 again in a child pytest that has TRITON_INTERPRET=1. The variable never reaches the rest of the
-suite, which keeps the torch path on the CPU. Tests of compiled kernels on a GPU (`*_cuda.py`, skipped
+suite, which keeps the torch path on the CPU. The child records its kernel launches for the parent to compile for
+the H200 (launch_record.py). Tests of compiled kernels on a GPU (`*_cuda.py`, skipped
 without one) run in the ordinary pytest and never in the interpreter. The C kernels' tests (`*_cpu.py`) need no
 interpreter but run in the child with the rest; the fixtures below are theirs.
 """
@@ -16,9 +17,11 @@ import pytest
 import torch
 
 from app.kernels.cpu import library
+from tests.kernels import launch_record
 from tests.kernels.cpu_kernels import a_compiler_exists
 
 RUNNER = "test_in_triton_interpreter.py"
+LAUNCHES = "MOECHAT_KERNEL_LAUNCHES"  # where the interpreter run writes its launches, if set
 
 CUDA_TESTS = [path.name for path in Path(__file__).parent.glob("test_*_cuda.py")]
 
@@ -28,6 +31,17 @@ else:
     collect_ignore = [
         path.name for path in Path(__file__).parent.glob("test_*.py") if path.name not in (RUNNER, *CUDA_TESTS)
     ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def recorded_launches():
+    if os.environ.get("TRITON_INTERPRET") != "1" or LAUNCHES not in os.environ:
+        yield
+        return
+    launches, stop = launch_record.record_launches()
+    yield
+    stop()
+    launch_record.write_launches(launches, Path(os.environ[LAUNCHES]))
 
 
 @pytest.fixture
