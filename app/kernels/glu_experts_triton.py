@@ -5,10 +5,11 @@ expert's weights once, from wherever its row of an address table points (expert_
 page-locked host memory in place), in the checkpoint's layout (rows are
 output features: gate/up [S, W, H], down [S, H, W]). Weights are bf16 or FP8 e4m3, converted in
 registers to the activations' dtype (FP8 with bf16 activations: to float16 by default, one instruction
-per two weights instead of three per weight; e4m3 values are exact there); an FP8 scale multiplies
-products, never single weights: a per-channel scale [S, out, 1] once in the epilogue, a block scale
-[S, ceil(out/b0), ceil(in/b1)] once per step (steps never straddle a block column). Weights are the M
-side of each product (out^T = W @ x^T), so the token side of a tile can be as small as 16 at decode.
+per two weights instead of three per weight; e4m3 values are exact there). A per-channel scale [S, out, 1]
+multiplies the products once in the epilogue; a block scale [S, ceil(out/b0), ceil(in/b1)] multiplies its
+step's weights in registers (steps never straddle a block column), so that the products add up in the tensor
+cores' accumulator. Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be
+as small as 16 at decode.
 
 - gate_up: a tile's rows are gate rows and the same features' up rows, read in one loop and one
   product; SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
@@ -41,6 +42,11 @@ from app.kernels.rows_times_vector_triton import RowTiles
 from app.quantization import BLOCK_SCALE, PER_CHANNEL_SCALE
 
 NO_SCALE, PER_CHANNEL, PER_BLOCK = 0, 1, 2  # the SCALES constexpr
+# block scales times 2^8 go into the weights, and the sums times 2^-8 come out (exact powers of two): in float16 a
+# scale under 2^-14 (a block whose weights all stay under 2^-14 * 448, about 0.027) keeps fewer bits, the
+# fewer the smaller (products off by 3.5e-3 at scales of 4.5e-6, 3.5e-2 at 4.6e-7); lifted, that starts under
+# 2^-22, and a weight may still reach 65504 / 2^8, beyond any real checkpoint's
+SCALE_LIFT = tl.constexpr(256.0)
 
 
 def pick_config(num_pairs: int) -> LaunchConfig:
@@ -89,7 +95,7 @@ class Projection:
 
     def constants(self, half: bool) -> dict:
         """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16; times its block's
-        scale it is rounded to float16)."""
+        scale, lifted by SCALE_LIFT, it is rounded to float16)."""
         return self.scale_constants() | dict(HALF=half and self.kind != NO_SCALE)
 
     def scale_constants(self) -> dict:
@@ -224,13 +230,16 @@ def _expert_matmul(
         if SCALES == 2:
             # the step's block scale goes into its weights, not its products: the products then add up in the
             # tensor cores' accumulator, and a step does not wait for its own products before the next
-            w = w * tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(w.dtype)[:, None]
+            scale = tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(tl.float32) * SCALE_LIFT
+            w = w * scale.to(w.dtype)[:, None]
         # float32 x: tf32x3 gives about float32 products; "tf32" is Triton's default, a no-op for bf16
         acc = tl.dot(w, x, acc, input_precision="tf32x3" if F32_INPUTS else "tf32")
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if SCALES == 1:
         acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    elif SCALES == 2:
+        acc *= 1.0 / SCALE_LIFT
     return acc
 
 
