@@ -3,7 +3,6 @@
 import pytest
 import torch
 
-from app.kernels import fp8_linear_triton
 from app.kernels.expert_tiles import Tiles
 from app.kernels.fp8_linear import epilogue_torch, fp8_linear, fp8_linear_torch, one_token_linear
 from app.kernels.fp8_linear_triton import pick_tiles, run_one_token
@@ -81,11 +80,9 @@ def test_bfloat16_prefill_takes_float16_inputs_saturated(fmt):
 
 
 @pytest.mark.parametrize("scale_factor", [1.0, 1e-3])
-def test_float16_products_keep_small_block_scales(monkeypatch, scale_factor):
-    """On a GPU, FP8 weights with float16 inputs take float16 products, their block scales too: a small scale
-    (here about 4.6e-7, float16's subnormals) must not lose its bits. The interpreter's float16 dot is right (its
-    bf16 one is not), so this path runs here as it does on the GPU."""
-    monkeypatch.setattr(fp8_linear_triton, "INTERPRETED", False)
+def test_float16_products_keep_small_block_scales(scale_factor):
+    """FP8 weights with 16-bit inputs take float16 products, their block scales too (in the interpreter as on a
+    GPU): a small scale (here about 4.6e-7, float16's subnormals) must not lose its bits."""
     generator = torch.Generator().manual_seed(9)
     weight, scale = random_fp8_linear(40, 256, "block32", generator)
     scale = scale * scale_factor
