@@ -39,18 +39,21 @@ from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_
 # matrix units at T = 1 (kernels 68-71 us against 81) and lose at T = 4 (233 against 193: a pair per tile reads a
 # shared expert twice), bench/NOTES.md
 CUDA_CORE_PAIRS = 4
+# one pair per program; bf16 activations in float16 pairs, 2 rows per one-warp program: 18.2 + 10.3 us on the H200
+# at T = 1 (8 rows / 4 warps 22.2 + 13.1, the tiled float16 pairs before 27.7 + 13.6, bench/NOTES.md)
+HALF_PAIRS_ROWS = 2
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
-        # one pair per program; bf16 activations in float16 pairs, 2 rows per one-warp program: 18.2 + 10.3 us on
-        # the H200 at T = 1 (8 rows / 4 warps 22.2 + 13.1, the tiled float16 pairs before 27.7 + 13.6, bench/NOTES.md)
         # Triton's interpreter runs each program in turn: 16 rows a program there keep CI's tests of these paths
-        # within minutes (the CUDA tests run the default)
-        rows = 16 if INTERPRETED else 2
-        return LaunchConfig(1, Tiles(rows, 1024, warps=1), Tiles(rows, 1024, warps=1), cuda_cores=True,
-                            half_pairs=True)
+        # within minutes (one test runs the GPU's rows on a small expert)
+        return half_pairs_config(16 if INTERPRETED else HALF_PAIRS_ROWS)
     return matrix_unit_config(num_pairs, mxfp4)
+
+
+def half_pairs_config(rows: int) -> LaunchConfig:
+    return LaunchConfig(1, Tiles(rows, 1024, warps=1), Tiles(rows, 1024, warps=1), cuda_cores=True, half_pairs=True)
 
 
 def matrix_unit_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:

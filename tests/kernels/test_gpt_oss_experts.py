@@ -7,7 +7,7 @@ import torch
 
 from app.kernels import gpt_oss_experts_triton
 from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_op, gpt_oss_experts_torch
-from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, pick_config
+from app.kernels.gpt_oss_experts_triton import HALF_PAIRS_ROWS, LaunchConfig, Tiles, half_pairs_config, pick_config
 from app.kernels.mxfp4_half_pairs import half_pairs
 from tests.kernels.poison import poisoned_allocations
 
@@ -133,11 +133,12 @@ def test_cuda_core_products_match_reference(config, dtype):
 # float16 pairs (mxfp4_half_pairs.py) at 3, 5 and 33 groups a row (a masked step; a full one and a tail), two tokens
 # of two picks, and rows per program that leave row tails (2W = 192 rows at 128, H = 160 at 64)
 ROW_TAILS = LaunchConfig(1, Tiles(128, 1024), Tiles(64, 1024, warps=2), cuda_cores=True, half_pairs=True)
-HALF_PAIRS = [(96, 1, 4, None), (160, 1, 4, None), (1056, 1, 4, ROW_TAILS), (96, 2, 2, None), (160, 1, 4, ROW_TAILS)]
+HALF_PAIRS = [(96, 1, 4, None), (160, 1, 4, None), (1056, 1, 4, ROW_TAILS), (96, 2, 2, None), (160, 1, 4, ROW_TAILS),
+              (96, 1, 4, half_pairs_config(HALF_PAIRS_ROWS))]
 
 
 @pytest.mark.parametrize(("hidden_size", "tokens", "picks", "config"), HALF_PAIRS,
-                         ids=["3-groups", "5-groups", "33-groups", "2-tokens", "row-tails"])
+                         ids=["3-groups", "5-groups", "33-groups", "2-tokens", "row-tails", "gpu-rows"])
 def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, tokens, picks, config):
     """The decode default (one pair per program, float16 pairs) with a skipped pick."""
     generator = torch.Generator().manual_seed(hidden_size + tokens)
