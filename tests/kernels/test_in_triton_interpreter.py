@@ -42,8 +42,9 @@ def test_every_launch_compiles_for_the_h200(interpreter_run, tmp_path, monkeypat
     assert {launch["module"] for launch in launches} >= {"app.kernels.gpt_oss_experts_half_pairs",
                                                          "app.kernels.glu_experts_triton"}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    # spawned, not forked: the parent's torch has run threads
-    with ProcessPoolExecutor(os.cpu_count(), mp_context=multiprocessing.get_context("spawn")) as pool:
+    # spawned, not forked: the parent's torch has run threads; each imports torch and Triton (~0.4 GB)
+    workers = min(os.cpu_count() or 1, 8)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         findings = list(pool.map(launch_record.compile_for_h200, launches))
     failures = [f"{launch['module']}.{launch['kernel']} {launch['options']}: {finding}"
                 for launch, finding in zip(launches, findings, strict=True) if finding]
