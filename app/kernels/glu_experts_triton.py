@@ -93,10 +93,13 @@ class Projection:
         scale = {NO_SCALE: None, PER_CHANNEL: PER_CHANNEL_SCALE, PER_BLOCK: BLOCK_SCALE}[self.kind]
         return weight, weight if scale is None else names.index(f"{name}.{scale}")
 
-    def constants(self, half: bool) -> dict:
+    def float16_products(self, half: bool) -> bool:
         """`half`: float16 products, for FP8 weights only (every e4m3 value is exact in float16; times its block's
         scale, lifted by SCALE_LIFT, it is rounded to float16)."""
-        return self.scale_constants() | dict(HALF=half and self.kind != NO_SCALE)
+        return half and self.kind != NO_SCALE
+
+    def constants(self, half: bool) -> dict:
+        return self.scale_constants() | dict(HALF=self.float16_products(half))
 
     def scale_constants(self) -> dict:
         return dict(SCALES=self.kind, SCALE_ROWS=self.block[0], SCALE_COLS=self.block[1])
@@ -183,7 +186,7 @@ def tile_inputs(x: torch.Tensor, projection: Projection, half: bool) -> torch.Te
     converts in the loop), x as float16 saturated at its largest finite value, converted once. x then goes from
     shared memory straight to the tensor cores (sm_90: converted in the loop, each step's x went back through shared
     memory and every step waited for its products)."""
-    if half and projection.kind != NO_SCALE and x.dtype == torch.bfloat16 and x.shape[0] > DECODE_TOKENS:
+    if projection.float16_products(half) and x.dtype == torch.bfloat16 and x.shape[0] > DECODE_TOKENS:
         return torch.clamp(x.to(torch.float16), -65504.0, 65504.0)
     return x
 

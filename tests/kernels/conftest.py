@@ -38,9 +38,8 @@ def recorded_launches():
     if os.environ.get("TRITON_INTERPRET") != "1" or LAUNCHES not in os.environ:
         yield
         return
-    launches, stop = launch_record.record_launches()
-    yield
-    stop()
+    with launch_record.recording_launches() as launches:
+        yield
     launch_record.write_launches(launches, Path(os.environ[LAUNCHES]))
 
 

@@ -10,7 +10,8 @@ Triton's own ptxas, which needs no GPU.
 import importlib
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,9 +29,9 @@ _POINTEE = {
 }
 
 
-def record_launches() -> tuple[set[str], Callable[[], None]]:
-    """Starts recording the interpreter's launches; returns the set they go into (one JSON text each) and the
-    function that stops recording."""
+@contextmanager
+def recording_launches() -> Iterator[set[str]]:
+    """The interpreter's launches while in the block, into the set it gives (one JSON text each)."""
     from triton.runtime.interpreter import InterpretedFunction
 
     launches, run = set(), InterpretedFunction.run
@@ -40,11 +41,10 @@ def record_launches() -> tuple[set[str], Callable[[], None]]:
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = recording_run
-
-    def stop():
+    try:
+        yield launches
+    finally:
         InterpretedFunction.run = run
-
-    return launches, stop
 
 
 def write_launches(launches: set[str], path: Path) -> None:

@@ -35,10 +35,14 @@ def test_kernel_tests_pass_in_triton_interpreter(interpreter_run):
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]  # 5 would mean none collected
 
 
-def test_every_launch_compiles_for_the_h200(interpreter_run, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def launches(interpreter_run) -> list[dict]:
     _, path = interpreter_run
     assert path.exists(), "the interpreter run recorded no launches (its test above says why)"
-    launches = launch_record.read_launches(path)
+    return launch_record.read_launches(path)
+
+
+def test_every_launch_compiles_for_the_h200(launches, tmp_path, monkeypatch):
     assert {launch["module"] for launch in launches} >= {"app.kernels.gpt_oss_experts_half_pairs",
                                                          "app.kernels.glu_experts_triton"}
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
@@ -51,9 +55,9 @@ def test_every_launch_compiles_for_the_h200(interpreter_run, tmp_path, monkeypat
     assert not failures, "\n\n".join(failures)
 
 
-def test_the_h200_compile_finds_what_the_gpu_would_refuse(interpreter_run, tmp_path, monkeypatch):
+def test_the_h200_compile_finds_what_the_gpu_would_refuse(launches, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    launch = next(launch for launch in launch_record.read_launches(interpreter_run[1])
+    launch = next(launch for launch in launches
                   if launch["kernel"] == "_fp8_linear_kernel"
                   and ["F32_INPUTS", "constexpr", False] in launch["arguments"])
 
