@@ -52,8 +52,10 @@ def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     return matrix_unit_config(num_pairs, mxfp4)
 
 
-def half_pairs_config(rows: int) -> LaunchConfig:
-    return LaunchConfig(1, Tiles(rows, 1024, warps=1), Tiles(rows, 1024, warps=1), cuda_cores=True, half_pairs=True)
+def half_pairs_config(rows: int, down_rows: int | None = None) -> LaunchConfig:
+    """One-warp float16-pair programs of `rows` rows (`down_rows` for down, if given)."""
+    down = Tiles(down_rows or rows, 1024, warps=1)
+    return LaunchConfig(1, Tiles(rows, 1024, warps=1), down, cuda_cores=True, half_pairs=True)
 
 
 def matrix_unit_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:

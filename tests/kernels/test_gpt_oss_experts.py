@@ -133,16 +133,21 @@ def test_cuda_core_products_match_reference(config, dtype):
 # float16 pairs (mxfp4_half_pairs.py) at 3, 5 and 33 groups a row (a masked step; a full one and a tail), two tokens
 # of two picks, and rows per program that leave row tails (2W = 192 rows at 128, H = 160 at 64)
 ROW_TAILS = LaunchConfig(1, Tiles(128, 1024), Tiles(64, 1024, warps=2), cuda_cores=True, half_pairs=True)
-HALF_PAIRS = [(96, 1, 4, None), (160, 1, 4, None), (1056, 1, 4, ROW_TAILS), (96, 2, 2, None), (160, 1, 4, ROW_TAILS),
-              (96, 1, 4, half_pairs_config(HALF_PAIRS_ROWS))]
+# the model's own paths, at shapes the interpreter runs in seconds: gpt-oss's 2880 inputs (90 groups: two full steps
+# and a masked third) on the GPU's rows, and 4096 inputs (128 groups: four full steps) at rows that divide N, the
+# loads without masks
+HALF_PAIRS = [(96, 96, 1, 4, None), (160, 96, 1, 4, None), (1056, 96, 1, 4, ROW_TAILS), (96, 96, 2, 2, None),
+              (160, 96, 1, 4, ROW_TAILS), (96, 96, 1, 4, half_pairs_config(HALF_PAIRS_ROWS)),
+              (2880, 32, 1, 3, half_pairs_config(HALF_PAIRS_ROWS, 128)), (64, 4096, 1, 3, half_pairs_config(256, 2))]
 
 
-@pytest.mark.parametrize(("hidden_size", "tokens", "picks", "config"), HALF_PAIRS,
-                         ids=["3-groups", "5-groups", "33-groups", "2-tokens", "row-tails", "gpu-rows"])
-def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, tokens, picks, config):
+@pytest.mark.parametrize(("hidden_size", "width", "tokens", "picks", "config"), HALF_PAIRS,
+                         ids=["3-groups", "5-groups", "33-groups", "2-tokens", "row-tails", "gpu-rows",
+                              "2880-inputs", "4096-inputs"])
+def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, width, tokens, picks, config):
     """The decode default (one pair per program, float16 pairs) with a skipped pick."""
     generator = torch.Generator().manual_seed(hidden_size + tokens)
-    arenas = random_arenas(5, True, generator, hidden_size)
+    arenas = random_arenas(5, True, generator, hidden_size, width)
     slots, weights = random_routing(tokens, picks, 5, generator)
     slots[0, 1] = -1
     hidden = (torch.randn(tokens, hidden_size, generator=generator) * 3).to(torch.bfloat16)
