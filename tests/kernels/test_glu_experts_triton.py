@@ -45,21 +45,26 @@ def run_kernel(*args, fp8_block=None, config: LaunchConfig | None = None) -> tor
 
 
 # decode and tiny steps in every format; a verify block and prefill chunks in two formats each (the
-# interpreter takes about a second per case)
+# interpreter takes about a second per case); a wider expert, whose steps loop over a full step then a tail and
+# whose one-token down rows end in a tail
+WIDER = (300, 196)
 GRID = [
-    *((tokens, picks, num_slots, fmt, None) for tokens, picks, num_slots in ((1, 4, 9), (3, 2, 4)) for fmt in FORMATS),
-    *((16, 4, 6, fmt, None) for fmt in ("bf16", "per-channel")),
-    *((40, 3, 5, fmt, None) for fmt in ("block128", "block32")),
-    (40, 4, 9, "block32", WIDE),
+    *((tokens, picks, num_slots, fmt, None, (HIDDEN, WIDTH))
+      for tokens, picks, num_slots in ((1, 4, 9), (3, 2, 4)) for fmt in FORMATS),
+    *((16, 4, 6, fmt, None, (HIDDEN, WIDTH)) for fmt in ("bf16", "per-channel")),
+    *((40, 3, 5, fmt, None, (HIDDEN, WIDTH)) for fmt in ("block128", "block32")),
+    (40, 4, 9, "block32", WIDE, (HIDDEN, WIDTH)),
+    *((tokens, 4, 6, fmt, None, WIDER) for tokens in (1, 5) for fmt in ("bf16", "per-channel")),
 ]
 
 
-@pytest.mark.parametrize(("tokens", "picks", "num_slots", "fmt", "config"), GRID)
-def test_kernel_matches_reference(tokens, picks, num_slots, fmt, config):
+@pytest.mark.parametrize(("tokens", "picks", "num_slots", "fmt", "config", "shape"), GRID)
+def test_kernel_matches_reference(tokens, picks, num_slots, fmt, config, shape):
     generator = torch.Generator().manual_seed(tokens * 100 + picks * 10 + num_slots + (config is WIDE))
-    arenas = random_arenas(num_slots, fmt, generator)
+    arenas = random_arenas(num_slots, fmt, generator, *shape)
     slots, weights = random_routing(tokens, picks, num_slots, generator)
-    hidden = torch.randn(tokens, HIDDEN, generator=generator)
+    slots[0, -1] = -1  # a skipped pick beside token 0's first, one token too
+    hidden = torch.randn(tokens, shape[0], generator=generator)
     out = run_kernel(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt], config=config)
     ref = glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
     assert out.shape == ref.shape and out.dtype == hidden.dtype
@@ -153,13 +158,17 @@ def test_an_expert_unlike_the_arenas_gets_no_address_row():
     assert address_row(shared | {"gate_proj.weight": offset}, arenas) is None  # 16-byte loads would be misaligned
 
 
-@pytest.mark.parametrize("tokens", [12, 20])  # a verify block; a prefill chunk, whose inputs go to float16 first
-def test_bfloat16_hidden_matches_float32_reference(tokens):
-    fmt = "block128"  # the interpreter's bf16 conversions; bf16 weights are covered on the GPU
+# a verify block; prefill chunks, whose inputs go to float16 first, in each FP8 format (bf16 weights are covered on
+# the GPU: the interpreter's bf16 products are wrong)
+@pytest.mark.parametrize(("tokens", "fmt", "shape"), [
+    (12, "block128", (HIDDEN, WIDTH)), (20, "block128", (HIDDEN, WIDTH)), (20, "per-channel", WIDER),
+    (20, "block32", WIDER),
+])
+def test_bfloat16_hidden_matches_float32_reference(tokens, fmt, shape):
     generator = torch.Generator().manual_seed(11)
-    arenas = random_arenas(6, fmt, generator)
+    arenas = random_arenas(6, fmt, generator, *shape)
     slots, weights = random_routing(tokens, 4, 6, generator)
-    hidden = torch.randn(tokens, HIDDEN, generator=generator).to(torch.bfloat16)
+    hidden = torch.randn(tokens, shape[0], generator=generator).to(torch.bfloat16)
     out = run_kernel(hidden, arenas, slots, weights.to(torch.bfloat16), fp8_block=FORMATS[fmt])
     ref = glu_experts_torch(hidden.float(), arenas, slots, weights, fp8_block=FORMATS[fmt])
     assert out.dtype == torch.bfloat16
