@@ -70,17 +70,23 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
+# a wider expert (5 groups a down row) with down's 64-row tiles on a feature tail (H = 96)
+WIDER = 160
+DOWN_TAIL = LaunchConfig(16, Tiles(64, 64), Tiles(64, 64))
 GRID = [
-    (tokens, picks, num_slots, mxfp4, None, HIDDEN)
+    (tokens, picks, num_slots, mxfp4, None, HIDDEN, WIDTH)
     for tokens in (1, 5, 16, 40) for picks in (2, 4) for num_slots in (4, 9) for mxfp4 in (True, False)
-] + [(tokens, 4, 9, mxfp4, WIDE, 128) for tokens in (5, 40) for mxfp4 in (True, False)]
+] + [(tokens, 4, 9, mxfp4, WIDE, 128, WIDTH) for tokens in (5, 40) for mxfp4 in (True, False)] + [
+    (tokens, 4, 9, mxfp4, config, HIDDEN, WIDER)
+    for tokens, config in ((1, None), (5, DOWN_TAIL), (40, None)) for mxfp4 in (True, False)
+]
 
 
-@pytest.mark.parametrize(("tokens", "picks", "num_slots", "mxfp4", "config", "hidden_size"), GRID)
-def test_kernel_matches_reference(tokens, picks, num_slots, mxfp4, config, hidden_size):
-    seed = tokens * 1000 + picks * 100 + num_slots * 10 + 2 * mxfp4 + (config is WIDE)
+@pytest.mark.parametrize(("tokens", "picks", "num_slots", "mxfp4", "config", "hidden_size", "width"), GRID)
+def test_kernel_matches_reference(tokens, picks, num_slots, mxfp4, config, hidden_size, width):
+    seed = tokens * 1000 + picks * 100 + num_slots * 10 + 2 * mxfp4 + (config is WIDE) + width
     generator = torch.Generator().manual_seed(seed)
-    arenas = random_arenas(num_slots, mxfp4, generator, hidden_size)
+    arenas = random_arenas(num_slots, mxfp4, generator, hidden_size, width)
     slots, weights = random_routing(tokens, picks, num_slots, generator)
     hidden = torch.randn(tokens, hidden_size, generator=generator)
     out = run_kernel(hidden, arenas, slots, weights, config=config)
