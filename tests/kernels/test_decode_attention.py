@@ -1,5 +1,6 @@
 """The decode attention kernel against its torch reference and the engine's attention, in Triton's interpreter
-(see conftest.py): sinks or none, full or sliding windows, positions before, at and past a window and a block."""
+(see conftest.py): sinks or none, full or sliding windows, positions before, at and past a window and a block, groups
+of query heads that are not powers of two."""
 
 import pytest
 import torch
@@ -11,20 +12,15 @@ from tests.kernels.poison import poisoned_allocations
 CAPACITY, HEADS, KV_HEADS, DIM = 150, 8, 2, 16
 
 
-def random_case(dtype, seed):
+def random_case(dtype, seed, heads=HEADS, kv_heads=KV_HEADS):
     generator = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, HEADS, DIM, generator=generator).to(dtype)
-    keys, values = (torch.randn(CAPACITY, KV_HEADS, DIM, generator=generator).to(dtype) for _ in range(2))
-    sinks = torch.randn(HEADS, generator=generator).to(dtype)
+    q = torch.randn(1, heads, DIM, generator=generator).to(dtype)
+    keys, values = (torch.randn(CAPACITY, kv_heads, DIM, generator=generator).to(dtype) for _ in range(2))
+    sinks = torch.randn(heads, generator=generator).to(dtype)
     return q, keys, values, sinks
 
 
-@pytest.mark.parametrize("position", [0, 5, 63, 64, 100, 149])
-@pytest.mark.parametrize("window", [None, 16])
-@pytest.mark.parametrize("with_sinks", [True, False])
-def test_decode_attention_matches_reference(position, window, with_sinks):
-    q, keys, values, sinks = random_case(torch.float32, position)
-    sinks = sinks if with_sinks else None
+def assert_matches_reference_and_engine(q, keys, values, position, sinks, window):
     at = torch.tensor([position])
     with poisoned_allocations():
         out = decode_attention(q, keys, values, at, DIM**-0.5, sinks, window)
@@ -33,6 +29,25 @@ def test_decode_attention_matches_reference(position, window, with_sinks):
     seen = slice(0, position + 1)
     engine = attend(q, keys[seen], values[seen], causal_mask(at, position + 1, window), DIM**-0.5, sinks=sinks)
     torch.testing.assert_close(out, engine, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("position", [0, 5, 63, 64, 100, 149])
+@pytest.mark.parametrize("window", [None, 16])
+@pytest.mark.parametrize("with_sinks", [True, False])
+def test_decode_attention_matches_reference(position, window, with_sinks):
+    q, keys, values, sinks = random_case(torch.float32, position)
+    assert_matches_reference_and_engine(q, keys, values, position, sinks if with_sinks else None, window)
+
+
+# groups of query heads that are not powers of two on more than one key head (GLM-4.5-Air: 12 a key head): groups of
+# 4 or a lone key head would not show a later key head's queries taken from the wrong rows; 3 key heads also round
+# their shares (128 / 3) up to a power of two
+@pytest.mark.parametrize(("heads", "kv_heads"), [(24, 2), (9, 3)])
+@pytest.mark.parametrize("position", [77, 130])
+@pytest.mark.parametrize("window", [None, 16])
+def test_groups_that_are_not_powers_of_two_across_key_heads(heads, kv_heads, position, window):
+    q, keys, values, sinks = random_case(torch.float32, position, heads, kv_heads)
+    assert_matches_reference_and_engine(q, keys, values, position, sinks, window)
 
 
 def test_decode_attention_in_bfloat16():

@@ -23,6 +23,9 @@ from tests.kernels.poison import poisoned_allocations
     (1, 80, 20, SigmoidRouting(k=4, scale=2.5)),
     (2, 64, 24, SigmoidRouting(k=4, groups=3, kept_groups=2)),
     (1, 64, 24, SigmoidRouting(k=5, groups=4, kept_groups=3)),
+    # past DECODE_TOKENS the choice has a launch of its own, which must pad experts and groups the same way
+    (20, 96, 20, SigmoidRouting(k=4)),
+    (17, 64, 24, SigmoidRouting(k=5, groups=4, kept_groups=3)),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sigmoid_router_matches_reference(tokens, hidden, experts, routing, dtype):
