@@ -29,10 +29,12 @@ from tests.fixtures.tiny_glm import write_tiny_glm
 from tests.kernels.test_device_misses import PROMPT, check_residency, loaded
 
 NUM_EXPERTS, HIDDEN = 12, 40
+# a call whose hidden states span two whole BLOCKs of cpu_share.py and a tail
+WIDE_TOKENS, WIDE_HIDDEN = 9, 240
 
 
-def buffers(tokens: int, picks: int, costs: tuple[float, float, float]) -> CpuShareBuffers:
-    b = CpuShareBuffers.allocate(tokens, picks, HIDDEN, torch.device("cpu"))
+def buffers(tokens: int, picks: int, costs: tuple[float, float, float], hidden_size: int = HIDDEN) -> CpuShareBuffers:
+    b = CpuShareBuffers.allocate(tokens, picks, hidden_size, torch.device("cpu"))
     b.costs.copy_(torch.tensor(costs))
     b.ticket.fill_(6)
     return b
@@ -54,27 +56,28 @@ def test_the_count_makes_the_slower_side_as_fast_as_any_count_can(misses, pairs)
         assert all(slower(c) > slower(count) for c in range(count))  # fewer on a tie
 
 
-@pytest.mark.parametrize(("tokens", "picks", "resident", "costs"), [
-    (1, 4, (), (1.0, 0.0, 1.0)),
-    (1, 4, (0, 3, 5), (1.0, 0.0, 1.0)),
-    (1, 2, (), (1.0, 3.0, 1.0)),  # a call costs more than fetching both: nothing for the CPU
-    (3, 4, (1, 2), (1.0, 0.37, 0.29)),  # costs with no ties between two counts
-    (16, 4, tuple(range(0, 12, 2)), (2.0, 1.1, 0.13)),
+@pytest.mark.parametrize(("tokens", "picks", "resident", "costs", "hidden_size"), [
+    (1, 4, (), (1.0, 0.0, 1.0), HIDDEN),
+    (1, 4, (0, 3, 5), (1.0, 0.0, 1.0), HIDDEN),
+    (1, 2, (), (1.0, 3.0, 1.0), HIDDEN),  # a call costs more than fetching both: nothing for the CPU
+    (3, 4, (1, 2), (1.0, 0.37, 0.29), HIDDEN),  # costs with no ties between two counts
+    (16, 4, tuple(range(0, 12, 2)), (2.0, 1.1, 0.13), HIDDEN),
+    (WIDE_TOKENS, 4, (1, 4, 7), (2.0, 1.1, 0.13), WIDE_HIDDEN),  # the copy of the hidden states loops
 ])
-def test_post_matches_its_reference(tokens, picks, resident, costs):
+def test_post_matches_its_reference(tokens, picks, resident, costs, hidden_size):
     generator = torch.Generator().manual_seed(tokens * 10 + picks)
     layer, store_base = 2, 24
     experts = torch.stack([torch.randperm(NUM_EXPERTS, generator=generator)[:picks] for _ in range(tokens)]).flatten()
     experts[1] = -1 if tokens > 1 else experts[1]
     weights = torch.rand(tokens * picks, generator=generator)
-    hidden = torch.randn(tokens, HIDDEN, generator=generator)
+    hidden = torch.randn(tokens, hidden_size, generator=generator)
     slot_of = torch.full((4, NUM_EXPERTS + 1), -1, dtype=torch.long)
     slot_of[layer, list(resident)] = torch.arange(len(resident))
     results = []
     for post in (post_cpu_share, post_cpu_share_torch):
         uses = torch.zeros(4, NUM_EXPERTS, dtype=torch.int32)
         counts = torch.zeros(5, dtype=torch.long)
-        b = buffers(tokens, picks, costs)
+        b = buffers(tokens, picks, costs, hidden_size)
         picks_left = post(experts, weights, hidden, layer, store_base, slot_of, uses, counts, b)
         results.append((picks_left, uses, counts, b))
     (got, uses, counts, b), (want, want_uses, want_counts, want_b) = results
@@ -94,12 +97,14 @@ def test_post_matches_its_reference(tokens, picks, resident, costs):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pending", [0, 7])
-def test_add_matches_its_reference(dtype, pending):
-    b = buffers(3, 4, (1.0, 0.0, 1.0))
+@pytest.mark.parametrize(("tokens", "hidden_size"), [(3, HIDDEN), (WIDE_TOKENS, WIDE_HIDDEN)],
+                         ids=["one-program", "programs-and-tail"])
+def test_add_matches_its_reference(dtype, pending, tokens, hidden_size):
+    b = buffers(tokens, 4, (1.0, 0.0, 1.0), hidden_size)
     b.pending.fill_(pending)
     b.control[DONE] = 7
     b.out.normal_()
-    before = torch.randn(3, HIDDEN).to(dtype)
+    before = torch.randn(tokens, hidden_size).to(dtype)
     out, want = before.clone(), before.clone()
     add_cpu_share(out, b)
     add_cpu_share_torch(want, b)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from app.kernels import glu_experts_triton, gpt_oss_experts_triton
-from app.kernels.expert_table import device_addresses, slot_table
+from app.kernels.expert_table import _address_kernel, device_addresses, slot_table
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
 from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles
@@ -72,3 +72,14 @@ def test_glu_experts_read_where_the_table_points(fmt):
         out = glu_experts_triton.run_from_table(hidden, slots, table, rows, weights, FORMATS[fmt])
     ref = glu_experts_torch(hidden, sources, rows, weights, FORMATS[fmt])
     assert relative_error(out, ref) < 1e-4
+
+
+def test_the_address_kernel_writes_each_tensors_pointer():
+    """What `device_addresses` launches on a GPU (on a CPU it takes data_ptr() itself): here the interpreter's
+    pointers are the tensors' own, so the kernel must write data_ptr()."""
+    arena = torch.zeros(3, 4)
+    tensors = [torch.zeros(5, dtype=torch.bfloat16), arena[1]]  # arena[1] starts 16 bytes into its buffer
+    out = torch.full((len(tensors) + 1,), -1, dtype=torch.int64)
+    for index, tensor in enumerate(tensors):
+        _address_kernel[(1,)](tensor.view(torch.uint8), out[index:])
+    assert out.tolist() == [t.data_ptr() for t in tensors] + [-1]  # and nothing past its own entry
