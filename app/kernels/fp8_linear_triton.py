@@ -82,7 +82,7 @@ def run_fp8_linear(
         out = torch.empty((tokens, out_features), dtype=dtype, device=x.device)
     grid = (triton.cdiv(out_features, weight_tiles.features), triton.cdiv(tokens, block_m), split)
     _fp8_linear_kernel[grid](
-        x, weight, scale, out, tokens, out_features, in_features, per_split,
+        x, *projection.typed_pointers(), out, tokens, out_features, in_features, per_split,
         **projection.constants(half=half),
         F32_INPUTS=dtype == torch.float32, UPCAST=INTERPRETED,
         BLOCK_M=block_m, BLOCK_N=weight_tiles.features, BLOCK_K=step,

@@ -36,6 +36,7 @@ from app.kernels.expert_tiles import (
     sum_picks,
     tile_rows,
 )
+from app.kernels.fp8_bytes import for_kernels, weights_as
 from app.kernels.glu_experts import runs_one_token
 from app.kernels.glu_experts_one_token import run_one_token
 from app.kernels.rows_times_vector_triton import RowTiles
@@ -84,8 +85,10 @@ class Projection:
         return tiles.within(self.block[0]) if self.kind == PER_BLOCK else tiles
 
     def typed_pointers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tensors whose pointers give the kernel the weight's and the scale's dtypes."""
-        return self.weight, self.weight if self.scale is None else self.scale
+        """Tensors whose pointers give the kernel the weight's and the scale's dtypes (FP8 weights' bytes where
+        Triton has no float8e4nv: fp8_bytes.py)."""
+        weight = for_kernels(self.weight)
+        return weight, weight if self.scale is None else self.scale
 
     def table_columns(self, names: tuple[str, ...], name: str) -> tuple[int, int]:
         """The table's columns of the weight and its scale (the weight's own when unscaled)."""
@@ -226,10 +229,10 @@ def _expert_matmul(
         x = tl.load(x_ptrs, mask=used[None, :] & (depth[:, None] < k_end - k0), other=0.0)
         w = tl.load(w_ptrs, mask=row_ok[:, None] & (depth[None, :] < k_end - k0), other=0.0)
         if UPCAST and not HALF:  # the interpreter's bf16 dot is wrong; its float16 one is right, so that runs there
-            w, x = w.to(tl.float32), x.to(tl.float32)
+            w, x = weights_as(w, tl.float32), x.to(tl.float32)
         elif HALF and x.dtype != tl.float16:  # `tile_inputs` spares the loop this; f16 x saturates
             x = tl.clamp(x.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
-        w = w.to(x.dtype)  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight
+        w = weights_as(w, x.dtype)  # e4m3 -> f16 is one instruction per pair, -> bf16 one more per weight
         if SCALES == 2:
             # the step's block scale goes into its weights, not its products: the products then add up in the
             # tensor cores' accumulator, and a step does not wait for its own products before the next

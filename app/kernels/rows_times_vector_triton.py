@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 import triton
 import triton.language as tl
 
+from app.kernels.fp8_bytes import weights_as
+
 
 @dataclass(frozen=True)
 class RowTiles:
@@ -80,7 +82,7 @@ def rows_times_vector(x_ptr, w_rows, scales, K: tl.constexpr, SCALES: tl.constex
                 x = x * tl.load(scales + k0 // SCALE_COLS).to(tl.float32)
             else:
                 x = x * tl.load(scales + (k0 + depth) // SCALE_COLS, mask=k0 + depth < K, other=0.0).to(tl.float32)
-        products = w.to(tl.float32) * x[None, :]
+        products = weights_as(w, tl.float32) * x[None, :]
         if FOLD > 1:
             products = tl.sum(tl.reshape(products, (BLOCK_N, BLOCK_K // FOLD, FOLD)), axis=2)
         acc += products

@@ -6,6 +6,7 @@ import torch
 
 from app.engine.layers.linear import Fp8Weight
 from app.engine.loader import load_model
+from app.kernels import fp8_bytes
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
 from app.model_folder import ModelFolder
 from tests.fixtures.tiny_glm import write_tiny_glm
@@ -34,6 +35,17 @@ def test_bfloat16_kernel_matches_float32_reference(shape, fmt, tokens):
     with poisoned_allocations():
         y = fp8_linear(x.bfloat16(), weight, scale, FORMATS[fmt])
     assert y.dtype == torch.bfloat16 and y.isfinite().all()
+    assert relative_error(y, fp8_linear_torch(x, weight, scale, FORMATS[fmt])) < 1e-2
+
+
+@pytest.mark.parametrize("tokens", [1, 16, 128])
+@pytest.mark.parametrize("fmt", GPU_FORMATS)
+def test_fp8_weights_read_as_bytes_match_float32_reference(monkeypatch, fmt, tokens):
+    """What a GPU before sm_89 runs (fp8_bytes.py), here on this one, at q_proj's shape."""
+    monkeypatch.setenv(fp8_bytes.FORCE, "1")
+    x, weight, scale = case(12288, 4096, fmt, tokens, seed=tokens + 3)
+    with poisoned_allocations():
+        y = fp8_linear(x.bfloat16(), weight, scale, FORMATS[fmt])
     assert relative_error(y, fp8_linear_torch(x, weight, scale, FORMATS[fmt])) < 1e-2
 
 

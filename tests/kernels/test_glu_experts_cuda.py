@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from app.engine.experts.op_graph import SingleTokenGraph
+from app.kernels import fp8_bytes
 from app.kernels.glu_experts import glu_experts, glu_experts_torch
 from app.kernels.glu_experts_triton import pick_config, run_experts
 from tests.kernels.poison import poisoned_allocations
@@ -39,6 +40,17 @@ def test_bfloat16_kernel_matches_float32_reference(fmt, tokens):
     assert relative_error(out, ref) < 1e-2
     if tokens > 1:
         assert (out[1] == 0).all()
+
+
+@pytest.mark.parametrize("tokens", [1, 100])
+@pytest.mark.parametrize("fmt", ["per-channel", "block128"])
+def test_fp8_experts_read_as_bytes_match_float32_reference(monkeypatch, fmt, tokens):
+    """What a GPU before sm_89 runs (fp8_bytes.py), here on this one."""
+    monkeypatch.setenv(fp8_bytes.FORCE, "1")
+    hidden, arenas, slots, weights = case(fmt, tokens, tokens + 7)
+    with poisoned_allocations():
+        out = glu_experts(hidden.bfloat16(), arenas, slots, weights.bfloat16(), fp8_block=FORMATS[fmt])
+    assert relative_error(out, glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])) < 1e-2
 
 
 @pytest.mark.parametrize("fmt", ["per-channel", "block128"])
