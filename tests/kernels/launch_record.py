@@ -1,10 +1,12 @@
-"""Every distinct kernel launch of an interpreter run, recorded, then compiled for the H200 (sm_90).
+"""Every distinct kernel launch of an interpreter run, recorded, then compiled for the H200 (sm_90) and for a GPU
+before sm_89 (an RTX 3090, sm_86).
 
 The interpreter checks what a kernel computes but not that the GPU compiler accepts it: a layout it cannot
-convert, a dot too small for the tensor cores or a tile that needs more shared memory than an SM has only
-shows on a GPU, which CI does not have. So the interpreter run records each launch's signature (pointer dtypes
-and alignment, scalar kinds, constexpr values, launch options) and the parent compiles each one for sm_90 with
-Triton's own ptxas, which needs no GPU.
+convert, a dot too small for the tensor cores, a dtype the GPU lacks or a tile that needs more shared memory than
+an SM has only shows on a GPU, which CI does not have. So the interpreter run records each launch's signature
+(pointer dtypes and alignment, scalar kinds, constexpr values, launch options) and the parent compiles each one
+with Triton's own ptxas, which needs no GPU. A desktop card's block may have 99 KB of shared memory (sm_86, sm_89,
+sm_120), the H200's 227 KB.
 """
 
 import importlib
@@ -16,8 +18,9 @@ from pathlib import Path
 
 import torch
 
-H200 = ("cuda", 90, 32)  # backend, compute capability, warp size
-SM90_SHARED_BYTES = 232448  # the most shared memory one block may opt into on sm_90
+# backend, compute capability, warp size; the most shared memory one block may opt into
+H200, H200_SHARED_BYTES = ("cuda", 90, 32), 232448
+RTX_3090, RTX_3090_SHARED_BYTES = ("cuda", 86, 32), 101376
 # constexprs that the wrappers set from TRITON_INTERPRET, as a GPU launch sets them: the interpreter upcasts its
 # dots (its bf16 dot is wrong) and fences nothing
 ON_A_GPU = {"UPCAST": False, "FENCE": True}
@@ -92,8 +95,28 @@ def _argument(value, constexpr: bool) -> list:
     raise TypeError(f"an argument of type {type(value).__name__} cannot be recorded")
 
 
+def made_on_ampere(launch: dict) -> bool:
+    """Whether a GPU before sm_89 makes this launch: one without float8e4nv, which Triton lacks there (its FP8
+    weights go as bytes, fp8_bytes.py)."""
+    return all(kind != "*fp8e4nv" for _, kind, _ in launch["arguments"])
+
+
+def takes_fp8_bytes(launch: dict) -> bool:
+    """Whether the launch's weights are FP8 bytes (`fp8_bytes.for_kernels`)."""
+    return any(name in ("weight_ptr", "gate_ptr") and kind == "*u8" for name, kind, _ in launch["arguments"])
+
+
 def compile_for_h200(launch: dict) -> str | None:
     """Compiles one recorded launch for sm_90; None where it compiles within the SM's shared memory, else why not."""
+    return compile_for(launch, H200, H200_SHARED_BYTES)
+
+
+def compile_for_rtx_3090(launch: dict) -> str | None:
+    """`compile_for_h200` for sm_86."""
+    return compile_for(launch, RTX_3090, RTX_3090_SHARED_BYTES)
+
+
+def compile_for(launch: dict, target: tuple[str, int, int], shared_bytes: int) -> str | None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -107,10 +130,10 @@ def compile_for_h200(launch: dict) -> str | None:
         elif detail:
             attributes[(index,)] = [["tt.divisibility", 16]]
     try:
-        compiled = triton.compile(ASTSource(kernel, signature, constants, attributes), target=GPUTarget(*H200),
+        compiled = triton.compile(ASTSource(kernel, signature, constants, attributes), target=GPUTarget(*target),
                                   options=launch["options"])
     except Exception as error:  # any compiler error is the finding
         return f"{type(error).__name__}: {str(error)[-1500:]}"
-    if compiled.metadata.shared > SM90_SHARED_BYTES:
-        return f"needs {compiled.metadata.shared} bytes of shared memory, sm_90 has {SM90_SHARED_BYTES}"
+    if compiled.metadata.shared > shared_bytes:
+        return f"needs {compiled.metadata.shared} bytes of shared memory, sm_{target[1]} has {shared_bytes}"
     return None
