@@ -33,9 +33,8 @@ def test_every_e4m3_byte_decodes_to_its_value(dtype):
     expected = codes.view(torch.float8_e4m3fn).to(dtype)
     numbers = ~expected.isnan()  # 0x7F and 0xFF
     assert numbers.sum() == 254
-    assert torch.equal(out[numbers], expected[numbers])  # exact, signed zeros and subnormals included
-    assert torch.equal(out[numbers].view(torch.int16 if dtype != torch.float32 else torch.int32),
-                       expected[numbers].view(torch.int16 if dtype != torch.float32 else torch.int32))
+    bits = torch.int32 if dtype == torch.float32 else torch.int16
+    assert torch.equal(out[numbers].view(bits), expected[numbers].view(bits))  # signed zeros and subnormals too
 
 
 def test_only_fp8_weights_go_as_bytes_and_only_where_asked(monkeypatch):
