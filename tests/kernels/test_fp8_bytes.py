@@ -15,7 +15,7 @@ from app.kernels.glu_experts import glu_experts_torch
 from tests.kernels import launch_record
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_fp8_linear import FORMATS, PREFILL, random_fp8_linear
-from tests.kernels.test_glu_experts_triton import random_arenas, run_kernel
+from tests.kernels.test_glu_experts_triton import HIDDEN, random_arenas, run_kernel
 from tests.kernels.test_gpt_oss_experts import random_routing, relative_error
 
 
@@ -78,8 +78,8 @@ def test_glu_experts_from_bytes_match_reference(monkeypatch, tokens, fmt, dtype)
     generator = torch.Generator().manual_seed(tokens + len(fmt))
     arenas = random_arenas(6, fmt, generator)
     slots, weights = random_routing(tokens, 4, 6, generator)
-    hidden = torch.randn(tokens, arenas["down_proj.weight"].shape[1], generator=generator).to(dtype)
-    block = {"per-channel": None, "block32": (32, 32), "block128": (128, 128)}[fmt]
+    hidden = torch.randn(tokens, HIDDEN, generator=generator).to(dtype)
+    block = FORMATS[fmt]
     with launch_record.recording_launches() as launches:
         out = run_kernel(hidden, arenas, slots, weights.to(dtype), fp8_block=block)
     assert weights_went_as_bytes(launches)
