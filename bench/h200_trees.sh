@@ -8,7 +8,9 @@
 # sweep (bench/kernel_fp8_linear.py --prefill); one_token, the FP8 and bf16 GLU experts at one token
 # (bench/kernel_one_token.py --experts: the tree's tile sweep). Last, unless NCU=0, Nsight Compute on this tree's
 # one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts, sectors a request). About 1.5
-# minutes a tree for the default phases, 2-3 for one_token: a call holds 10 minutes.
+# minutes a tree for the default phases, 2-3 for one_token: a call holds 10 minutes. THIS=0 leaves this tree out of
+# the phases; NAME (default "this") names its result files, so that two runs of this tree under different settings
+# (say MOECHAT_FP8_AS_BYTES=1) keep both.
 # Results land in $OUT/results.tgz (the machine keeps nothing, and only a few files come back).
 set -uo pipefail
 out=${OUT:-/tmp/out}
@@ -28,14 +30,16 @@ if [ "$tests" != none ]; then
 fi
 phases=" ${PHASES:-experts prefill} "
 
-trees=("$PWD")
+this=${NAME:-this}
+trees=()
+[ "${THIS:-1}" = 0 ] || trees+=("$PWD")
 for tar in "$@"; do
   name=$(basename "$tar" .tar)
   mkdir -p "/tmp/trees/$name" && tar -xf "$tar" -C "/tmp/trees/$name"
   trees+=("/tmp/trees/$name")
 done
 for tree in "${trees[@]}"; do
-  name=$([ "$tree" = "$PWD" ] && echo this || basename "$tree")
+  name=$([ "$tree" = "$PWD" ] && echo "$this" || basename "$tree")
   echo "== $name"
   if [[ $phases == *" experts "* ]]; then
     (cd "$tree" && timeout 150 python3 bench/kernel_gpt_oss_experts.py "$out/r/experts-$name.json" --tokens 1 \
