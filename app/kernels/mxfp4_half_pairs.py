@@ -165,19 +165,22 @@ def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: 
     of the groups' 4 words (uint32 but the scales; 0 past N and past the last group)."""
     group = STEP * 32 + tl.arange(0, 32)
     full: tl.constexpr = (STEP + 1) * 32 <= GROUPS
-    four = tl.arange(0, 4)[None, None, :]
-    w_ok = (rows[:, None] < N) & (group[None, :] < GROUPS)
-    words_at = (rows[:, None, None] * GROUPS + group[None, :, None]) * 4 + four
-    words4 = _load(words_ptr + words_at, w_ok[:, :, None], full and N % BLOCK_N == 0)
+    word = STEP * 128 + tl.arange(0, 128)  # [32 groups, 4 words] flat: 128 contiguous words
+    w_ok = (rows[:, None] < N) & (word[None, :] < GROUPS * 4)
+    words = _load(words_ptr + rows[:, None] * (GROUPS * 4) + word[None, :], w_ok, full and N % BLOCK_N == 0)
+    words4 = tl.reshape(words, (BLOCK_N, 32, 4))
     # a byte per lane: contiguous bytes would go to one lane, and then to the others through shared memory
     scales_at = tl.max_contiguous(rows[:, None] * GROUPS + group[None, :], [1, 1])
-    scale = _load(scale_ptr + scales_at, w_ok, full and N % BLOCK_N == 0)
-    # one 16-byte load per word of a group, 512 contiguous bytes over the lanes; read as [BLOCK_N, 32, 4] (a lane's
-    # rows load the same pairs once) so that they lie in the lanes as the words do
-    pairs_at = pairs_ptr + group[None, :, None] * 4 + four + rows[:, None, None] * 0
-    x_ok = (group < GROUPS)[None, :, None]
-    x0, x1 = _load(pairs_at, x_ok, full), _load(pairs_at + GROUPS * 4, x_ok, full)
-    x2, x3 = _load(pairs_at + GROUPS * 8, x_ok, full), _load(pairs_at + GROUPS * 12, x_ok, full)
+    scale = _load(scale_ptr + scales_at, (rows[:, None] < N) & (group[None, :] < GROUPS), full and N % BLOCK_N == 0)
+    # the inputs as [1, 128] (a row's 128 words' pairs), broadcast over the rows: each lane loads its group's pairs
+    # once for all its rows (as [BLOCK_N, 32, 4] Triton gave a lane two groups of one row, the other row's lanes
+    # loading the same pairs again)
+    pairs_at = pairs_ptr + word[None, :]
+    x_ok = word[None, :] < GROUPS * 4
+    x0 = tl.reshape(tl.broadcast_to(_load(pairs_at, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
+    x1 = tl.reshape(tl.broadcast_to(_load(pairs_at + GROUPS * 4, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
+    x2 = tl.reshape(tl.broadcast_to(_load(pairs_at + GROUPS * 8, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
+    x3 = tl.reshape(tl.broadcast_to(_load(pairs_at + GROUPS * 12, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
     return words4.to(tl.uint32, bitcast=True), scale, x0, x1, x2, x3
 
 
