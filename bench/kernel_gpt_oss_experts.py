@@ -32,7 +32,14 @@ from triton.testing import do_bench, do_bench_cudagraph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
 
 from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
-from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, matrix_unit_config, pick_config, run_experts
+from app.kernels.gpt_oss_experts_triton import (
+    LaunchConfig,
+    Tiles,
+    half_pairs_config,
+    matrix_unit_config,
+    pick_config,
+    run_experts,
+)
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_gpt_oss_experts_cuda import CUDA_CORE_SWEEP
 
@@ -48,11 +55,14 @@ TILE_SWEEP = [
     for shape in ((32, 64, 4, 3), (32, 64, 4, 4), (64, 32, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3),
                   (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 4))
 ]
-# T = 1 in float16 pairs (gpt_oss_experts_half_pairs.py): rows per program (both projections) and warps
+# T = 1 in float16 pairs (gpt_oss_experts_half_pairs.py): rows per program (both projections) and warps; then one-warp
+# programs of 2 rows for gate_up and 4 or 8 for down
 HALF_PAIR_SWEEP = [
-    LaunchConfig(1, Tiles(rows, 1024, warps), Tiles(rows, 1024, warps), cuda_cores=True, half_pairs=True)
-    for rows, warps in ((2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8),
-                        (64, 8))
+    *(LaunchConfig(1, Tiles(rows, 1024, warps), Tiles(rows, 1024, warps), cuda_cores=True, half_pairs=True)
+      for rows, warps in ((2, 1), (4, 1), (4, 2), (8, 1), (8, 2), (8, 4), (16, 2), (16, 4), (16, 8), (32, 4), (32, 8),
+                          (64, 8))),
+    half_pairs_config(2, 4),
+    half_pairs_config(2, 8),
 ]
 # T = 1 as before the float16 pairs: float32 products (mxfp4_cuda_cores.py)
 FLOAT32_PRODUCTS = LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
