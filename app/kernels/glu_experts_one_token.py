@@ -19,15 +19,22 @@ import triton.language as tl
 
 from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
+from app.kernels.fp8_bytes import for_kernels
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 # the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's FP8 shapes (bench/NOTES.md)
 GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, fold=16)
+# where the weights go as e4m3 bytes (fp8_bytes.py), gate_up programs of 4 or more rows folded by 16 ran 2.4-4x slower
+# than unfolded ones on the H200 (the bytes forced there, bench/NOTES.md); these were the fastest
+GATE_UP_FROM_BYTES = RowTiles(4, 512, warps=2)
 
 
-def default_tiles(element_size: int) -> tuple[RowTiles, RowTiles]:
-    """GATE_UP and DOWN for weights of `element_size` bytes."""
-    return GATE_UP.for_element_size(element_size), DOWN.for_element_size(element_size)
+def default_tiles(weight: torch.Tensor) -> tuple[RowTiles, RowTiles]:
+    """GATE_UP and DOWN for the experts' `weight`: as many bytes a step for wider weights; GATE_UP_FROM_BYTES where
+    the kernels take FP8 weights as bytes."""
+    if for_kernels(weight).dtype == torch.uint8:
+        return GATE_UP_FROM_BYTES, DOWN
+    return GATE_UP.for_element_size(weight.element_size()), DOWN.for_element_size(weight.element_size())
 
 
 def run_one_token(
@@ -44,7 +51,7 @@ def run_one_token(
     [R, C] (-1: skip), weights [1, k] -> [1, H]. `names` are the table's columns; `shared` [1, C], the table row of
     an expert added at weight 1 (expert_table.address_row); `tiles` (gate_up, down) override `default_tiles`."""
     gate, up, down = projections
-    tiles = tiles or default_tiles(gate.weight.element_size())
+    tiles = tiles or default_tiles(gate.weight)
     picks = rows.numel()
     programs = picks + (shared is not None)  # pick k, the last, is the shared expert
     own = table if shared is None else shared  # read by pick k alone

@@ -49,6 +49,12 @@ def weights_went_as_bytes(launches: set[str]) -> bool:
     return any(launch_record.takes_fp8_bytes(json.loads(launch)) for launch in launches)
 
 
+def launch_constants(launches: set[str], kernel: str) -> list[dict]:
+    """The constexprs of each recorded launch of `kernel`."""
+    return [{name: detail for name, kind, detail in launch["arguments"] if kind == "constexpr"}
+            for launch in map(json.loads, launches) if launch["kernel"] == kernel]
+
+
 # one token (rows times a vector), a verify block split over K, a prefill chunk in float16 products
 @pytest.mark.parametrize(("tokens", "fmt", "tiles", "dtype"), [
     (1, "per-channel", None, torch.float32),
@@ -83,5 +89,7 @@ def test_glu_experts_from_bytes_match_reference(monkeypatch, tokens, fmt, dtype)
     with launch_record.recording_launches() as launches:
         out = run_kernel(hidden, arenas, slots, weights.to(dtype), fp8_block=block)
     assert weights_went_as_bytes(launches)
+    if tokens == 1:  # one token's gate_up unfolded (glu_experts_one_token.GATE_UP_FROM_BYTES)
+        assert [constants["FOLD"] for constants in launch_constants(launches, "_gate_up_kernel")] == [1]
     ref = glu_experts_torch(hidden.float(), arenas, slots, weights.to(dtype).float(), fp8_block=block)
     assert relative_error(out, ref) < (1e-5 if dtype == torch.float32 else 2e-2)
