@@ -39,16 +39,16 @@ from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_
 # matrix units at T = 1 (kernels 68-71 us against 81) and lose at T = 4 (233 against 193: a pair per tile reads a
 # shared expert twice), bench/NOTES.md
 CUDA_CORE_PAIRS = 4
-# one pair per program; bf16 activations in float16 pairs, 2 rows per one-warp program: 18.2 + 10.3 us on the H200
-# at T = 1 (8 rows / 4 warps 22.2 + 13.1, the tiled float16 pairs before 27.7 + 13.6, bench/NOTES.md)
-HALF_PAIRS_ROWS = 2
+# one pair per program; bf16 activations in float16 pairs, one-warp programs of 2 rows for gate_up and 4 for down:
+# 15.8 + 8.7 us on the H200 at T = 1 (2 rows both 15.7 + 9.6, 8 rows / 4 warps 17.9 + 10.4, bench/NOTES.md)
+HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS = 2, 4
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
         # Triton's interpreter runs each program in turn: 16 rows a program there keep CI's tests of these paths
         # within minutes (one test runs the GPU's rows on a small expert)
-        return half_pairs_config(16 if INTERPRETED else HALF_PAIRS_ROWS)
+        return half_pairs_config(16) if INTERPRETED else half_pairs_config(HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS)
     return matrix_unit_config(num_pairs, mxfp4)
 
 

@@ -7,7 +7,14 @@ import torch
 
 from app.kernels import gpt_oss_experts_triton
 from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_op, gpt_oss_experts_torch
-from app.kernels.gpt_oss_experts_triton import HALF_PAIRS_ROWS, LaunchConfig, Tiles, half_pairs_config, pick_config
+from app.kernels.gpt_oss_experts_triton import (
+    HALF_PAIRS_DOWN_ROWS,
+    HALF_PAIRS_ROWS,
+    LaunchConfig,
+    Tiles,
+    half_pairs_config,
+    pick_config,
+)
 from app.kernels.mxfp4_half_pairs import half_pairs
 from tests.kernels.poison import poisoned_allocations
 
@@ -140,16 +147,18 @@ def test_cuda_core_products_match_reference(config, dtype):
 # of two picks, and rows per program that leave row tails (2W = 192 rows at 128, H = 160 at 64)
 ROW_TAILS = LaunchConfig(1, Tiles(128, 1024), Tiles(64, 1024, warps=2), cuda_cores=True, half_pairs=True)
 # the model's own paths, at shapes the interpreter runs in seconds: gpt-oss's 2880 inputs (90 groups: two full steps
-# and a masked third) on the GPU's rows, and 4096 inputs (128 groups: four full steps) at rows that divide N, the
-# loads without masks
+# and a masked third) on the GPU's rows of gate_up and of down, and 4096 inputs (128 groups: four full steps) at rows
+# that divide N, the loads without masks
 HALF_PAIRS = [(96, 96, 1, 4, None), (160, 96, 1, 4, None), (1056, 96, 1, 4, ROW_TAILS), (96, 96, 2, 2, None),
-              (160, 96, 1, 4, ROW_TAILS), (96, 96, 1, 4, half_pairs_config(HALF_PAIRS_ROWS)),
-              (2880, 32, 1, 3, half_pairs_config(HALF_PAIRS_ROWS, 128)), (64, 4096, 1, 3, half_pairs_config(256, 2))]
+              (160, 96, 1, 4, ROW_TAILS), (96, 96, 1, 4, half_pairs_config(HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS)),
+              (2880, 32, 1, 3, half_pairs_config(HALF_PAIRS_ROWS, 128)),
+              (32, 2880, 1, 3, half_pairs_config(128, HALF_PAIRS_DOWN_ROWS)),
+              (64, 4096, 1, 3, half_pairs_config(256, 2))]
 
 
 @pytest.mark.parametrize(("hidden_size", "width", "tokens", "picks", "config"), HALF_PAIRS,
                          ids=["3-groups", "5-groups", "33-groups", "2-tokens", "row-tails", "gpu-rows",
-                              "2880-inputs", "4096-inputs"])
+                              "2880-inputs", "2880-down-inputs", "4096-inputs"])
 def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, width, tokens, picks, config):
     """The decode default (one pair per program, float16 pairs) with a skipped pick."""
     generator = torch.Generator().manual_seed(hidden_size + tokens)
