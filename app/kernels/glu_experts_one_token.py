@@ -24,7 +24,7 @@ from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, we
 
 # the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's FP8 shapes (bench/NOTES.md)
 GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, fold=16)
-# where the weights go as e4m3 bytes (fp8_bytes.py), gate_up programs of 4 or more rows folded by 16 ran 2.4-4x slower
+# where the weights go as e4m3 bytes (fp8_bytes.py), gate_up programs of 4 or more rows folded by 16 ran 2-4x slower
 # than unfolded ones on the H200 (the bytes forced there, bench/NOTES.md); these were the fastest
 GATE_UP_FROM_BYTES = RowTiles(4, 512, warps=2)
 

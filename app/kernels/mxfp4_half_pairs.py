@@ -177,11 +177,17 @@ def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: 
     # loading the same pairs again)
     pairs_at = pairs_ptr + word[None, :]
     x_ok = word[None, :] < GROUPS * 4
-    x0 = tl.reshape(tl.broadcast_to(_load(pairs_at, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
-    x1 = tl.reshape(tl.broadcast_to(_load(pairs_at + GROUPS * 4, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
-    x2 = tl.reshape(tl.broadcast_to(_load(pairs_at + GROUPS * 8, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
-    x3 = tl.reshape(tl.broadcast_to(_load(pairs_at + GROUPS * 12, x_ok, full), (BLOCK_N, 128)), (BLOCK_N, 32, 4))
+    x0 = _over_rows(_load(pairs_at, x_ok, full), BLOCK_N)
+    x1 = _over_rows(_load(pairs_at + GROUPS * 4, x_ok, full), BLOCK_N)
+    x2 = _over_rows(_load(pairs_at + GROUPS * 8, x_ok, full), BLOCK_N)
+    x3 = _over_rows(_load(pairs_at + GROUPS * 12, x_ok, full), BLOCK_N)
     return words4.to(tl.uint32, bitcast=True), scale, x0, x1, x2, x3
+
+
+@triton.jit
+def _over_rows(pairs, BLOCK_N: tl.constexpr):
+    """One step's inputs [1, 128] as every row's [BLOCK_N, 32 groups, 4 words]."""
+    return tl.reshape(tl.broadcast_to(pairs, (BLOCK_N, 128)), (BLOCK_N, 32, 4))
 
 
 @triton.jit
