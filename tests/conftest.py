@@ -5,9 +5,14 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 import pytest
 
+from tests.fixtures.run_end import interrupt_on_termination
 from tests.fixtures.tiny_dflash import write_tiny_dflash
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
 from tests.fixtures.tiny_tokenizer import write_harmony_tokenizer
+
+
+def pytest_configure(config):
+    interrupt_on_termination()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import pytest
 from app.errors import UserError
 from app.hub import Download, parse_repo_id
 from tests.fixtures.hub_server import FakeHub
+from tests.fixtures.run_end import end_with_test_run
 
 REPO = "tiny-org/tiny-model"
 FILES = {
@@ -84,7 +85,7 @@ def settled(hub) -> int:
 def test_a_killed_process_resumes_from_its_partial_file(hub, tmp_path):
     hub.delay_s = 0.002
     command = [sys.executable, "-m", "app", "download", REPO, "--dir", str(tmp_path / "m")]
-    process = subprocess.Popen(command, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(command, stderr=subprocess.DEVNULL, preexec_fn=end_with_test_run)
     deadline = time.monotonic() + 60
     while hub.bytes_served < 200_000 and time.monotonic() < deadline:
         time.sleep(0.05)

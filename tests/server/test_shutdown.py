@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.openai_server import free_port, moechat_serve, wait_until_gone
+from tests.fixtures.run_end import end_with_test_run
 
 
 def engine_children(pid: int) -> list[int]:
@@ -41,7 +42,7 @@ def test_a_signal_ends_the_server_and_its_engine(tiny_gpt_oss, sent, exit_codes)
 def test_sigterm_while_the_model_loads_ends_the_engine(tiny_gpt_oss):
     process = subprocess.Popen([sys.executable, "-m", "app", "serve", str(tiny_gpt_oss), "--port", str(free_port()),
                                 "--context", "128"], stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=end_with_test_run)
     try:
         while "loading" not in process.stderr.read(64):  # the engine has answered with its first progress
             assert process.poll() is None, "moechat serve ended before it loaded"

@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.protocol.requests import LoadModel, Shutdown
 from app.ui.engine_client import EngineClient
+from tests.fixtures.run_end import end_with_test_run
 from tests.ui.test_engine_client import StandInEngine
 from tests.ui.test_window_with_engine import ENGINE_S
 
@@ -56,7 +57,7 @@ def is_running(pid: int) -> bool:
 def test_sigterm_closes_the_app_and_its_engine_ends_with_it(tmp_path):
     environment = {**os.environ, "XDG_DATA_HOME": str(tmp_path), "QT_QPA_PLATFORM": "offscreen"}
     app = subprocess.Popen([sys.executable, "-m", "app"], env=environment, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True, preexec_fn=end_with_test_run)
     settings = tmp_path / "moechat" / "settings.json"
     try:
         deadline = time.monotonic() + ENGINE_S / 1000
