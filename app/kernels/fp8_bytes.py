@@ -30,11 +30,14 @@ def _before_sm_89(index: int) -> bool:
     return torch.cuda.get_device_capability(index) < (8, 9)
 
 
+def goes_as_bytes(weight: torch.Tensor) -> bool:
+    """Whether the kernels take `weight` as bytes: an FP8 weight where `reads_fp8_as_bytes`."""
+    return weight.dtype == torch.float8_e4m3fn and reads_fp8_as_bytes(weight.device)
+
+
 def for_kernels(weight: torch.Tensor) -> torch.Tensor:
-    """`weight` as the kernels take it: an FP8 weight's bytes where `reads_fp8_as_bytes`, else itself."""
-    if weight.dtype == torch.float8_e4m3fn and reads_fp8_as_bytes(weight.device):
-        return weight.view(torch.uint8)
-    return weight
+    """`weight` as the kernels take it: its bytes where it `goes_as_bytes`, else itself."""
+    return weight.view(torch.uint8) if goes_as_bytes(weight) else weight
 
 
 @triton.jit

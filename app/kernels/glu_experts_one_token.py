@@ -19,7 +19,7 @@ import triton.language as tl
 
 from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
-from app.kernels.fp8_bytes import for_kernels
+from app.kernels.fp8_bytes import goes_as_bytes
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 # the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's FP8 shapes (bench/NOTES.md)
@@ -32,7 +32,7 @@ GATE_UP_FROM_BYTES = RowTiles(4, 512, warps=2)
 def default_tiles(weight: torch.Tensor) -> tuple[RowTiles, RowTiles]:
     """GATE_UP and DOWN for the experts' `weight`: as many bytes a step for wider weights; GATE_UP_FROM_BYTES where
     the kernels take FP8 weights as bytes."""
-    if for_kernels(weight).dtype == torch.uint8:
+    if goes_as_bytes(weight):
         return GATE_UP_FROM_BYTES, DOWN
     return GATE_UP.for_element_size(weight.element_size()), DOWN.for_element_size(weight.element_size())
 
