@@ -6,7 +6,8 @@
 # Then this tree and each tar, in turn, run the PHASES (default "experts prefill"): experts, the MXFP4 one-token
 # experts (bench/kernel_gpt_oss_experts.py at T = 1 with its float16-pair sweep); prefill, the FP8 dense prefill
 # sweep (bench/kernel_fp8_linear.py --prefill); one_token, the FP8 and bf16 GLU experts at one token
-# (bench/kernel_one_token.py --experts: the tree's tile sweep). Last, unless NCU=0, Nsight Compute on this tree's
+# (bench/kernel_one_token.py --experts: the tree's tile sweep); one_token_defaults, the FP8 dense products at one
+# token (q/k/v, o, the shared expert) and the experts, each at the tree's default tiles alone. Last, unless NCU=0, Nsight Compute on this tree's
 # one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts, sectors a request). About 1.5
 # minutes a tree for the default phases, 2-3 for one_token: a call holds 10 minutes. THIS=0 leaves this tree out of
 # the phases; NAME (default "this") names its result files, so that two runs of this tree under different settings
@@ -55,6 +56,11 @@ for tree in "${trees[@]}"; do
     (cd "$tree" && timeout 200 python3 bench/kernel_one_token.py "$out/r/one-token-$name.json" --experts \
       > "$out/r/one-token-$name.log" 2>&1)
     grep "experts" "$out/r/one-token-$name.log" | cut -c1-260
+  fi
+  if [[ $phases == *" one_token_defaults "* ]]; then
+    (cd "$tree" && timeout 200 python3 bench/kernel_one_token.py "$out/r/one-token-defaults-$name.json" --defaults \
+      > "$out/r/one-token-defaults-$name.log" 2>&1)
+    grep " us \|experts" "$out/r/one-token-defaults-$name.log" | cut -c1-260
   fi
 done
 [ "${NCU:-1}" = 0 ] && exit 0

@@ -2,7 +2,7 @@
 experts as rows times one vector (app/kernels/rows_times_vector_triton.py), against the tensor-core tiles they
 replace at T = 1.
 
-    python3 bench/kernel_one_token.py OUT.json [--registers] [--experts]
+    python3 bench/kernel_one_token.py OUT.json [--registers | --defaults] [--experts]
 
 Dense (fp8_linear_triton.run_one_token): a layer's products as the engine stacks them (q/k/v 14336 × 4096, o
 4096 × 12288 with the residual add, the shared expert's gate + up 2816 × 4096 with SiLU * up, its down 4096 × 1408
@@ -12,7 +12,8 @@ a CUDA graph that cycles through copies of the weight exceeding the L2, as a dec
 Experts (glu_experts_one_token.py): all 128 experts of a layer in slots, 8 picks, each kernel timed by the profiler
 (L2 flushed) on 8 disjoint routings; `tiles` is the tile plan's path (pick_config). Both sweep rows per program ×
 inputs per step × warps; with --registers, the defaults (and wider experts) under register caps
-(REGISTER_CAPS) instead; with --experts, the experts alone. Floor = bytes / device-to-device copy bandwidth (read +
+(REGISTER_CAPS) instead; with --defaults, the default tiles alone (a tree against another in one device call,
+bench/h200_trees.sh); with --experts, the experts alone. Floor = bytes / device-to-device copy bandwidth (read +
 write) measured in the same run.
 """
 
@@ -65,17 +66,22 @@ def capped(tiles: RowTiles) -> list[RowTiles]:
     return [replace(tiles, registers=cap) for cap in REGISTER_CAPS]
 
 
-def dense_sweep(name: str, registers: bool) -> list[RowTiles | None]:
+def dense_sweep(name: str, sweep: str) -> list[RowTiles | None]:
     """None is the tiled path it replaced."""
     _, inputs, epilogue = DENSE[name]
-    if registers:
+    if sweep == "defaults":
+        return [one_token_tiles(inputs, epilogue == "glu")]
+    if sweep == "register caps":
         return capped(one_token_tiles(inputs, epilogue == "glu"))
     return [None, *(GLU_SWEEP if epilogue == "glu" else SWEEP)]
 
 
-def expert_sweep(fmt: str, registers: bool) -> list[tuple[RowTiles, RowTiles] | None]:
-    if registers:
-        pairs = [(glu_experts_one_token.GATE_UP, glu_experts_one_token.DOWN), *WIDER_EXPERTS]
+def expert_sweep(fmt: str, sweep: str) -> list[tuple[RowTiles, RowTiles] | None]:
+    defaults = (glu_experts_one_token.GATE_UP, glu_experts_one_token.DOWN)
+    if sweep == "defaults":
+        return [defaults]
+    if sweep == "register caps":
+        pairs = [defaults, *WIDER_EXPERTS]
         return [(gate_up, down) for pair in pairs for gate_up, down in zip(*(capped(t) for t in pair), strict=True)]
     pairs = list(zip(GLU_SWEEP, SWEEP, strict=True))
     return [None, *(pairs[:1] if fmt == "bf16" else pairs)]
@@ -129,14 +135,14 @@ def expert_case(arenas, fmt: str, tiles: tuple[RowTiles, RowTiles] | None) -> di
             "bytes_read": bytes_read(arenas, order[0])}
 
 
-def main(out_path: str, registers: bool, experts_only: bool) -> None:
+def main(out_path: str, sweep: str, experts_only: bool) -> None:
     report, save = start_report(out_path, {"dense": DENSE, "experts": {"hidden": HIDDEN, "picks": PICKS},
-                                           "sweep": "register caps" if registers else "tiles"})
+                                           "sweep": sweep})
     report["floor"] = "bytes (weights, scales, x, outputs, residual) / copy bandwidth (read + write counted)"
     copy = report["copy_bandwidth"]
     for fmt, block in {} if experts_only else FORMATS.items():
         for name in DENSE:
-            for tiles in dense_sweep(name, registers):
+            for tiles in dense_sweep(name, sweep):
                 case = {"kind": "dense", "format": fmt, "weight": name, "tiles": repr(tiles) if tiles else "tiles"}
                 case |= attempt(dense_case, name, block, tiles)
                 if "graph_us" in case:
@@ -146,9 +152,9 @@ def main(out_path: str, registers: bool, experts_only: bool) -> None:
                       f"{case.get('fraction_of_floor', 0):.2f} err {case.get('relative_error', case.get('error'))}",
                       flush=True)
                 save()
-    for fmt in ("fp8-per-channel", "fp8-block128") if registers else ("fp8-per-channel", "fp8-block128", "bf16"):
+    for fmt in ("fp8-per-channel", "fp8-block128") + (() if sweep == "register caps" else ("bf16",)):
         arenas = make_arenas(fmt)
-        for tiles in expert_sweep(fmt, registers):
+        for tiles in expert_sweep(fmt, sweep):
             case = {"kind": "experts", "format": fmt, "tiles": repr(tiles) if tiles else "tiles"}
             case |= attempt(expert_case, arenas, fmt, tiles)
             if "kernels_us" in case:
@@ -165,4 +171,6 @@ def main(out_path: str, registers: bool, experts_only: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--registers" in sys.argv[2:], "--experts" in sys.argv[2:])
+    options = sys.argv[2:]
+    chosen = "register caps" if "--registers" in options else "defaults" if "--defaults" in options else "tiles"
+    main(sys.argv[1], chosen, "--experts" in options)
