@@ -144,6 +144,28 @@ def test_one_token_tiles_match_reference(out, inputs, fmt, tiles, glu, with_resi
     assert relative_error(y, ref) < 1e-5
 
 
+# the same with bf16 inputs, as the engine decodes: FP8 weights' inputs then come in 16-byte runs of their own
+# (rows_times_vector_triton._step_inputs), masked on tails, each run times its own block scale (block32)
+@pytest.mark.parametrize(("out", "inputs", "fmt", "tiles"), [
+    (40, 200, "per-channel", RowTiles(16, 64, warps=2)),
+    (72, 300, "block32", RowTiles(8, 256, warps=2)),
+    (36, 160, "block128", RowTiles(8, 64, warps=1, fold=4)),
+    (16, 1040, "block32", RowTiles(4, 1024, warps=2, fold=16)),
+])
+@pytest.mark.parametrize(("glu", "with_residual"), [(False, False), (True, True)])
+def test_one_token_of_bfloat16_inputs_matches_reference(out, inputs, fmt, tiles, glu, with_residual):
+    generator = torch.Generator().manual_seed(out + inputs + glu)
+    weight, scale = random_fp8_linear(out, inputs, fmt, generator)
+    x = torch.randn(1, inputs, generator=generator).bfloat16()
+    residual = torch.randn(1, out // 2 if glu else out, generator=generator).bfloat16() if with_residual else None
+    with poisoned_allocations():
+        y = run_one_token(x, weight, scale, FORMATS[fmt], glu, residual, tiles)
+    ref = fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt], glu=glu,
+                           residual=None if residual is None else residual.float())
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+    assert relative_error(y, ref) < 1e-2  # bf16 output rounding alone is ~2e-3
+
+
 # 16-bit weights at one token (`one_token_linear`: the SiLU-gated MLPs of bf16 GLM checkpoints), each dtype's
 # default tiles and tails of rows and of steps
 @pytest.mark.parametrize(("out", "inputs"), [(40, 200), (18, 600)])
