@@ -1,9 +1,22 @@
-"""The top-k softmax router of router.py in one Triton kernel: one program per token reads the router's
-weights, keeps the logits in registers, picks the k largest one after another and weights them."""
+"""The top-k softmax router of router.py in Triton: the product, the k largest logits and their softmax in one
+launch. At decode (up to DECODE_TOKENS tokens) the product is split over programs (router_shares_triton.py) and the
+program that arrives last chooses for every token: one program per token read gpt-oss-20b's 184 KB router through
+one SM in 7.2 us a layer (H200 profile, bench/NOTES.md), and -120b's is 4 times that. Longer passes take one program
+per token, which keeps the logits in registers."""
 
 import torch
 import triton
 import triton.language as tl
+
+from app.kernels.router_shares_triton import (
+    BLOCK_E,
+    BLOCK_H,
+    DECODE_TOKENS,
+    arrivals,
+    arrives_last,
+    empty_shares,
+    product_shares,
+)
 
 ELEMENTS_PER_STEP = 32768  # weights read per loop step: few steps (3 at 32 experts), ~64 registers a thread at 16 warps
 
@@ -18,23 +31,47 @@ def run_top_k_router(
     picked = torch.empty((tokens, k), dtype=torch.int64, device=x.device)
     weights = torch.empty((tokens, k), dtype=x.dtype, device=x.device)
     block_e = triton.next_power_of_2(experts)
+    choice = dict(K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_EXPERTS=block_e)
+    if tokens <= DECODE_TOKENS:
+        shares = empty_shares(tokens, hidden, experts, x.device)
+        _split_router_kernel[(triton.cdiv(experts, BLOCK_E), shares.shape[0])](
+            x, weight, shares, arrivals(x.device), bias, picked, weights, tokens, hidden, experts,
+            BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice, num_warps=4,
+        )
+        return picked, weights
     block_h = min(triton.next_power_of_2(hidden), max(64, ELEMENTS_PER_STEP // block_e))
     _top_k_router_kernel[(tokens,)](
-        x, weight, bias, picked, weights, hidden, experts,
-        K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_E=block_e, BLOCK_H=block_h, num_warps=16,
+        x, weight, bias, picked, weights, hidden, experts, BLOCK_H=block_h, **choice, num_warps=16,
     )
     return picked, weights
 
 
 @triton.jit
+def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_ptr, weights_ptr, tokens,
+                         hidden, experts, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr,
+                         BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr):
+    """The program's shares, then, in the program that arrives last, the choice for every token."""
+    product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
+    if arrives_last(arrivals_ptr):
+        expert = tl.arange(0, BLOCK_EXPERTS)
+        for token in range(tokens):
+            logits = tl.zeros((BLOCK_EXPERTS,), tl.float32)
+            for share in range(tl.num_programs(1)):
+                logits += tl.load(shares_ptr + (share * tokens + token) * experts + expert, mask=expert < experts,
+                                  other=0.0, cache_modifier=".cg")
+            _choose(logits, bias_ptr, picked_ptr, weights_ptr, token, experts, K, BLOCK_K, BLOCK_EXPERTS)
+
+
+@triton.jit
 def _top_k_router_kernel(
     x_ptr, weight_ptr, bias_ptr, picked_ptr, weights_ptr, hidden, experts,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
+    """One token's product in one program, then its choice."""
     token = tl.program_id(0).to(tl.int64)
-    expert = tl.arange(0, BLOCK_E)
+    expert = tl.arange(0, BLOCK_EXPERTS)
     expert_ok = expert < experts
-    acc = tl.zeros((BLOCK_E, BLOCK_H), tl.float32)
+    acc = tl.zeros((BLOCK_EXPERTS, BLOCK_H), tl.float32)
     for start in range(0, hidden, BLOCK_H):
         columns = start + tl.arange(0, BLOCK_H)
         inside = columns < hidden
@@ -42,15 +79,25 @@ def _top_k_router_kernel(
         w = tl.load(weight_ptr + expert[:, None] * hidden + columns[None, :],
                     mask=expert_ok[:, None] & inside[None, :], other=0.0).to(tl.float32)
         acc += w * x[None, :]
+    _choose(tl.sum(acc, axis=1), bias_ptr, picked_ptr, weights_ptr, token, experts, K, BLOCK_K, BLOCK_EXPERTS)
+
+
+@triton.jit
+def _choose(products, bias_ptr, picked_ptr, weights_ptr, token, experts, K: tl.constexpr, BLOCK_K: tl.constexpr,
+            BLOCK_EXPERTS: tl.constexpr):
+    """One token's k largest logits (products [BLOCK_EXPERTS] float32 plus the bias; ties go to the lower expert)
+    and the softmax over them."""
+    expert = tl.arange(0, BLOCK_EXPERTS)
+    expert_ok = expert < experts
     bias = tl.load(bias_ptr + expert, mask=expert_ok, other=0.0).to(tl.float32)
     # rounded to x's dtype, as the reference's product is, so that both pick among the same values
-    logits = (tl.sum(acc, axis=1) + bias).to(weights_ptr.dtype.element_ty).to(tl.float32)
+    logits = (products + bias).to(weights_ptr.dtype.element_ty).to(tl.float32)
     logits = tl.where(expert_ok, logits, float("-inf"))
     slot = tl.arange(0, BLOCK_K)
     top = tl.full((BLOCK_K,), float("-inf"), tl.float32)
     for pick in tl.static_range(K):
         largest = tl.max(logits, axis=0)
-        chosen = tl.min(tl.where(logits == largest, expert, BLOCK_E), axis=0)
+        chosen = tl.min(tl.where(logits == largest, expert, BLOCK_EXPERTS), axis=0)
         tl.store(picked_ptr + token * K + pick, chosen.to(tl.int64))
         top = tl.where(slot == pick, largest, top)
         logits = tl.where(expert == chosen, float("-inf"), logits)

@@ -1,23 +1,24 @@
-"""The sigmoid router of sigmoid_router.py in Triton. The product: at decode (up to DECODE_TOKENS tokens) programs
-over (block of experts, share of the inputs) each read their piece of the float32 weight once and write partial sums
-for every token (GLM-4.5-Air's 2 MB router in 128 programs; one program per token would read it through one SM);
-longer passes take cuBLAS's product as one share. The choice: per token, sums the shares and picks, in float32,
-with the experts laid out as [groups, experts per group] (a longer pass's on one warp, where its many small
-reductions stay).
-At decode both are one launch: the program that finishes its shares last (an arrival counter) chooses for every
-token, and sets the counter back to 0 for the next launch. So decode launches share one counter a device and must
-not run concurrently (the engine routes on one stream)."""
+"""The sigmoid router of sigmoid_router.py in Triton. The product: at decode (up to DECODE_TOKENS tokens) split over
+programs (router_shares_triton.py), the program that arrives last choosing for every token in the same launch;
+longer passes take cuBLAS's product as one share and a choice launch. The choice: per token, sums the shares and
+picks, in float32, with the experts laid out as [groups, experts per group] (a longer pass's on one warp, where its
+many small reductions stay)."""
 
 import torch
 import triton
 import triton.language as tl
 
 from app.kernels.resident_slots_triton import look_up_slots
+from app.kernels.router_shares_triton import (
+    BLOCK_E,
+    BLOCK_H,
+    DECODE_TOKENS,
+    arrivals,
+    arrives_last,
+    empty_shares,
+    product_shares,
+)
 from app.kernels.sigmoid_router import SigmoidRouting
-
-DECODE_TOKENS = 16
-BLOCK_E = 16  # experts per product program
-BLOCK_H = 256  # inputs per product program
 
 
 def run_sigmoid_router(
@@ -45,27 +46,15 @@ def run_sigmoid_router(
         _choice_kernel[(tokens,)](shares, correction_bias.contiguous(), picked, weights, tokens, 1, routing.scale,
                                   **choice, num_warps=1)
         return picked, weights, None
-    shares = torch.empty((triton.cdiv(hidden, BLOCK_H), tokens, experts), dtype=torch.float32, device=x.device)
+    shares = empty_shares(tokens, hidden, experts, x.device)
     slots = None if slot_row is None else torch.empty((1, routing.k), dtype=torch.int64, device=x.device)
     _route_kernel[(triton.cdiv(experts, BLOCK_E), shares.shape[0])](
-        x, weight.contiguous(), shares, _arrivals(x.device), correction_bias.contiguous(), picked, weights,
+        x, weight.contiguous(), shares, arrivals(x.device), correction_bias.contiguous(), picked, weights,
         picked if slot_row is None else slot_row, picked if uses is None else uses, picked if slots is None else slots,
         tokens, hidden, experts, routing.scale, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice,
         HAS_SLOTS=slot_row is not None, num_warps=4,
     )
     return picked, weights, slots
-
-
-_ARRIVALS: dict[torch.device, torch.Tensor] = {}
-
-
-def _arrivals(device: torch.device) -> torch.Tensor:
-    """The device's arrival counter [1] int32: 0 between launches (the last program resets it)."""
-    if device not in _ARRIVALS:
-        # a capture would record the zeroing instead of running it: the first launch must come before any capture
-        assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), "route once before capturing"
-        _ARRIVALS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _ARRIVALS[device]
 
 
 @triton.jit
@@ -76,32 +65,14 @@ def _route_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_
                   NORMALIZE: tl.constexpr, HAS_SLOTS: tl.constexpr):
     """The program's shares, then, in the program that arrives last, the choice for every token (and one token's
     slots)."""
-    _product(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
-    tl.debug_barrier()  # every thread's shares are written before the arrival that publishes them
-    programs = tl.num_programs(0) * tl.num_programs(1)
-    if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == programs - 1:
-        tl.store(arrivals_ptr, 0)
+    product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
+    if arrives_last(arrivals_ptr):
         for token in range(tokens):
             _choose(shares_ptr, bias_ptr, picked_ptr, weights_ptr, token, tokens, tl.num_programs(1), scale, K,
                     BLOCK_K, GROUPS, BLOCK_GROUPS, KEPT_GROUPS, PER_GROUP, BLOCK_PER_GROUP, NORMALIZE)
         if HAS_SLOTS:
             tl.debug_barrier()  # the picks just stored, read back by every thread
             look_up_slots(slot_row_ptr, picked_ptr, uses_ptr, slots_ptr, experts + 1, K, BLOCK_K)
-
-
-@triton.jit
-def _product(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr):
-    """shares[share, t, e] = sum over the share's inputs of x[t] * W[e], for the program's experts."""
-    expert = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
-    share = tl.program_id(1)
-    columns = share * BLOCK_H + tl.arange(0, BLOCK_H)
-    inside = columns < hidden
-    w = tl.load(weight_ptr + expert[:, None].to(tl.int64) * hidden + columns[None, :],
-                mask=(expert < experts)[:, None] & inside[None, :], other=0.0)
-    for token in range(tokens):
-        x = tl.load(x_ptr + token * hidden + columns, mask=inside, other=0.0).to(tl.float32)
-        tl.store(shares_ptr + (share * tokens + token) * experts + expert, tl.sum(w * x[None, :], axis=1),
-                 mask=expert < experts)
 
 
 @triton.jit
@@ -119,7 +90,7 @@ def _choose(shares_ptr, bias_ptr, picked_ptr, weights_ptr, token, tokens, num_sh
             KEPT_GROUPS: tl.constexpr, PER_GROUP: tl.constexpr, BLOCK_PER_GROUP: tl.constexpr,
             NORMALIZE: tl.constexpr):
     """One token's picks and weights. Padding (groups and experts per group up to powers of two) scores 0 and is
-    never chosen. The shares are read from L2 (.cg): other programs of the same launch wrote them."""
+    never chosen. The shares are read from L2 (.cg, `arrives_last`)."""
     experts: tl.constexpr = GROUPS * PER_GROUP
     group = tl.arange(0, BLOCK_GROUPS)
     within = tl.arange(0, BLOCK_PER_GROUP)

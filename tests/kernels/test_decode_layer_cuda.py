@@ -43,8 +43,9 @@ def test_add_rms_norm(dtype, tokens):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens, experts", [(1, EXPERTS), (5, 128)])
+@pytest.mark.parametrize("tokens, experts", [(1, EXPERTS), (5, 128), (1, 128), (40, EXPERTS)])
 def test_top_k_router(dtype, tokens, experts):
+    """The split product at decode (gpt-oss-20b's and -120b's experts), one program per token past 16 tokens."""
     x = torch.randn(tokens, HIDDEN, device="cuda").to(dtype)
     weight = (torch.randn(experts, HIDDEN, device="cuda") * HIDDEN**-0.5).to(dtype)
     bias = torch.randn(experts, device="cuda").to(dtype)
