@@ -31,6 +31,22 @@ def empty_shares(tokens: int, hidden: int, experts: int, device: torch.device) -
     return torch.empty((triton.cdiv(hidden, BLOCK_H), tokens, experts), dtype=torch.float32, device=device)
 
 
+def slot_lookup(
+    picked: torch.Tensor, experts: int, slot_row: torch.Tensor | None, uses: torch.Tensor | None
+) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """For a launch that looks one token's slots up in `slot_row` [E + 1] int64 (resident_slots.py; `uses` [] int64
+    grows by the picks with a slot), where `picked` [1, k] will hold its picks: (the slots [1, k] it fills, or None
+    where it looks nothing up; the slot row, counter and slots it takes, `picked` standing in for those it never
+    reads)."""
+    if slot_row is None:
+        return None, (picked, picked, picked)
+    assert picked.shape[0] == 1 and slot_row.shape == (experts + 1,) and slot_row.is_contiguous() \
+        and slot_row.dtype == uses.dtype == torch.int64 and uses.numel() == 1, \
+        "one token's slots from a row [E + 1] int64, counted in `uses` [] int64"
+    slots = torch.empty_like(picked)
+    return slots, (slot_row, uses, slots)
+
+
 @triton.jit
 def product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E: tl.constexpr,
                    BLOCK_H: tl.constexpr):

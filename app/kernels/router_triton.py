@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.resident_slots_triton import look_up_slots
 from app.kernels.router_shares_triton import (
     BLOCK_E,
     BLOCK_H,
@@ -16,15 +17,19 @@ from app.kernels.router_shares_triton import (
     arrives_last,
     empty_shares,
     product_shares,
+    slot_lookup,
 )
 
 ELEMENTS_PER_STEP = 32768  # weights read per loop step: few steps (3 at 32 experts), ~64 registers a thread at 16 warps
 
 
 def run_top_k_router(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, H], weight [E, H], bias [E] -> (experts [T, k] int64, softmax weights [T, k] in x's dtype)."""
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, k: int,
+    slot_row: torch.Tensor | None = None, uses: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """x [T, H], weight [E, H], bias [E] -> (experts [T, k] int64, softmax weights [T, k] in x's dtype, the picks'
+    slots [1, k] where one token's are looked up in `slot_row` [E + 1] (resident_slots.py; `uses` [] int64 grows by
+    those with a slot), else None)."""
     (tokens, hidden), experts = x.shape, weight.shape[0]
     assert weight.shape[1] == hidden and bias.shape == (experts,) and k <= experts
     x, weight = x.contiguous(), weight.contiguous()
@@ -34,23 +39,28 @@ def run_top_k_router(
     choice = dict(K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_EXPERTS=block_e)
     if tokens <= DECODE_TOKENS:
         shares = empty_shares(tokens, hidden, experts, x.device)
+        slots, slot_pointers = slot_lookup(picked, experts, slot_row, uses)
         _split_router_kernel[(triton.cdiv(experts, BLOCK_E), shares.shape[0])](
-            x, weight, shares, arrivals(x.device), bias, picked, weights, tokens, hidden, experts,
-            BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice, num_warps=4,
+            x, weight, shares, arrivals(x.device), bias, picked, weights,
+            *slot_pointers, tokens, hidden, experts,
+            BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice, HAS_SLOTS=slot_row is not None, num_warps=4,
         )
-        return picked, weights
+        return picked, weights, slots
+    assert slot_row is None, "slots are looked up at decode"
     block_h = min(triton.next_power_of_2(hidden), max(64, ELEMENTS_PER_STEP // block_e))
     _top_k_router_kernel[(tokens,)](
         x, weight, bias, picked, weights, hidden, experts, BLOCK_H=block_h, **choice, num_warps=16,
     )
-    return picked, weights
+    return picked, weights, None
 
 
 @triton.jit
-def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_ptr, weights_ptr, tokens,
-                         hidden, experts, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, K: tl.constexpr,
-                         BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr):
-    """The program's shares, then, in the program that arrives last, the choice for every token."""
+def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_ptr, weights_ptr,
+                         slot_row_ptr, uses_ptr, slots_ptr, tokens, hidden, experts, BLOCK_E: tl.constexpr,
+                         BLOCK_H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
+                         HAS_SLOTS: tl.constexpr):
+    """The program's shares, then, in the program that arrives last, the choice for every token (and one token's
+    slots)."""
     product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
     if arrives_last(arrivals_ptr):
         expert = tl.arange(0, BLOCK_EXPERTS)
@@ -60,6 +70,9 @@ def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, 
                 logits += tl.load(shares_ptr + (share * tokens + token) * experts + expert, mask=expert < experts,
                                   other=0.0, cache_modifier=".cg")
             _choose(logits, bias_ptr, picked_ptr, weights_ptr, token, experts, K, BLOCK_K, BLOCK_EXPERTS)
+        if HAS_SLOTS:
+            tl.debug_barrier()  # the picks just stored, read back by every thread
+            look_up_slots(slot_row_ptr, picked_ptr, uses_ptr, slots_ptr, experts + 1, K, BLOCK_K)
 
 
 @triton.jit

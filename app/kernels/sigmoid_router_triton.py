@@ -17,6 +17,7 @@ from app.kernels.router_shares_triton import (
     arrives_last,
     empty_shares,
     product_shares,
+    slot_lookup,
 )
 from app.kernels.sigmoid_router import SigmoidRouting
 
@@ -32,9 +33,6 @@ def run_sigmoid_router(
     per_group = experts // routing.groups
     assert weight.shape[1] == hidden and correction_bias.shape == (experts,) and routing.k <= experts
     assert experts % routing.groups == 0 and (routing.groups == 1 or per_group >= 2)
-    assert slot_row is None or (tokens == 1 and slot_row.shape == (experts + 1,) and slot_row.is_contiguous()
-                                and slot_row.dtype == uses.dtype == torch.int64 and uses.numel() == 1), \
-        "one token's slots from a row [E + 1] int64, counted in `uses` [] int64"
     x = x.contiguous()
     picked = torch.empty((tokens, routing.k), dtype=torch.int64, device=x.device)
     weights = torch.empty((tokens, routing.k), dtype=x.dtype, device=x.device)
@@ -42,15 +40,16 @@ def run_sigmoid_router(
                   BLOCK_GROUPS=triton.next_power_of_2(routing.groups), KEPT_GROUPS=routing.kept_groups,
                   PER_GROUP=per_group, BLOCK_PER_GROUP=triton.next_power_of_2(per_group), NORMALIZE=routing.normalize)
     if tokens > DECODE_TOKENS:
+        assert slot_row is None, "slots are looked up at decode"
         shares = (x.float() @ weight.T)[None]
         _choice_kernel[(tokens,)](shares, correction_bias.contiguous(), picked, weights, tokens, 1, routing.scale,
                                   **choice, num_warps=1)
         return picked, weights, None
     shares = empty_shares(tokens, hidden, experts, x.device)
-    slots = None if slot_row is None else torch.empty((1, routing.k), dtype=torch.int64, device=x.device)
+    slots, slot_pointers = slot_lookup(picked, experts, slot_row, uses)
     _route_kernel[(triton.cdiv(experts, BLOCK_E), shares.shape[0])](
         x, weight.contiguous(), shares, arrivals(x.device), correction_bias.contiguous(), picked, weights,
-        picked if slot_row is None else slot_row, picked if uses is None else uses, picked if slots is None else slots,
+        *slot_pointers,
         tokens, hidden, experts, routing.scale, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice,
         HAS_SLOTS=slot_row is not None, num_warps=4,
     )

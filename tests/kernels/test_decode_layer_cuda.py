@@ -10,7 +10,7 @@ from app.kernels.head_products import head_products, head_products_torch
 from app.kernels.latent_cache import latent_cache_write, latent_cache_write_torch
 from app.kernels.norms import add_rms_norm, add_rms_norm_torch
 from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
-from app.kernels.router import top_k_router, top_k_router_torch
+from app.kernels.router import top_k_router, top_k_router_slots, top_k_router_slots_torch, top_k_router_torch
 from app.kernels.sigmoid_router import (
     SigmoidRouting,
     sigmoid_router,
@@ -54,6 +54,29 @@ def test_top_k_router(dtype, tokens, experts):
     if dtype == torch.float32:  # bf16 logits may tie, or round apart from cuBLAS's sum order
         assert torch.equal(picked, want_picked)
         torch.testing.assert_close(weights, want_weights, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("experts", [EXPERTS, 128])
+def test_top_k_router_looks_up_slots_in_a_graph(experts):
+    """The one launch that routes a token and looks its picks' slots up, replayed in a CUDA graph with new inputs
+    (its arrival counter must be back at 0 after every launch)."""
+    weight = (torch.randn(experts, HIDDEN, device="cuda") * HIDDEN**-0.5).float()
+    bias = torch.randn(experts, device="cuda") * 0.1
+    x = torch.randn(1, HIDDEN, device="cuda")
+    slot_row = torch.randperm(experts + 1, device="cuda")
+    slot_row[::3] = -1
+    uses, want_uses = (torch.zeros((), dtype=torch.long, device="cuda") for _ in range(2))
+    top_k_router_slots(x, weight, bias, 4, slot_row, uses.clone())  # compiles, and makes the arrival counter
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_picked, static_weights, static_slots = top_k_router_slots(x, weight, bias, 4, slot_row, uses)
+    for seed in range(4):
+        x.copy_(torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(seed)).cuda())
+        graph.replay()
+        want_picked, want_weights, want_slots = top_k_router_slots_torch(x, weight, bias, 4, slot_row, want_uses)
+        assert torch.equal(static_picked, want_picked) and torch.equal(static_slots, want_slots)
+        torch.testing.assert_close(static_weights, want_weights, rtol=1e-4, atol=1e-5)
+    assert uses.item() == want_uses.item() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

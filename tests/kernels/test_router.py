@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app.kernels.router import top_k_router, top_k_router_torch
+from app.kernels.router import top_k_router, top_k_router_slots, top_k_router_slots_torch, top_k_router_torch
 from tests.kernels.poison import poisoned_allocations
 
 
@@ -25,3 +25,24 @@ def test_top_k_router_matches_reference(tokens, hidden, experts, k):
     want_picked, want_weights = top_k_router_torch(x, weight, bias, k)
     assert picked.dtype == torch.int64 and torch.equal(picked, want_picked)
     torch.testing.assert_close(weights, want_weights, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("hidden, experts", [(96, 32), (600, 60)])
+def test_one_token_routing_looks_up_its_slots(hidden, experts):
+    """Every expert resident: the choosing program also reads the picks' slots from the cache's slot row (-1: an
+    expert on another device) and counts those it found, as resident_slots would in a launch of its own."""
+    generator = torch.Generator().manual_seed(experts)
+    x = torch.randn(1, hidden, generator=generator).to(torch.bfloat16)
+    weight = (torch.randn(experts, hidden, generator=generator) * hidden**-0.5).to(torch.bfloat16)
+    bias = (torch.randn(experts, generator=generator) * 0.1).to(torch.bfloat16)
+    slot_row = torch.randperm(experts + 1, generator=generator)
+    slot_row[top_k_router_torch(x, weight, bias, 4)[0][0, ::2]] = -1  # some picks have no slot
+    uses, want_uses = torch.tensor(5), torch.tensor(5)
+    for _ in range(2):
+        with poisoned_allocations():
+            picked, weights, slots = top_k_router_slots(x, weight, bias, 4, slot_row, uses)
+        want_picked, want_weights, want_slots = top_k_router_slots_torch(x, weight, bias, 4, slot_row, want_uses)
+        assert torch.equal(picked, want_picked) and torch.equal(slots, want_slots)
+        torch.testing.assert_close(weights, want_weights, rtol=1e-2, atol=1e-2)
+    assert (slots < 0).any() and (slots >= 0).any()
+    assert uses.item() == want_uses.item() > 5

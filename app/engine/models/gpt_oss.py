@@ -18,7 +18,7 @@ from app.kernels.decode_attention import decode_attention
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
 from app.kernels.norms import add_rms_norm_op, rms_norm
 from app.kernels.rotary_cache import rotary_cache_write_op
-from app.kernels.router import top_k_router_op
+from app.kernels.router import top_k_router_op, top_k_router_slots_op
 
 
 class AttentionContext(NamedTuple):
@@ -158,6 +158,7 @@ class GptOss(MoeDecoder):
         self.add_norm = add_rms_norm_op(device)
         self.rotary_write = rotary_cache_write_op(device)
         self.route = top_k_router_op(device)
+        self.route_slots = top_k_router_slots_op(device)
         self.decode_attention = decode_attention if triton_runs(device) else None
         self.routing_override = None  # routing_override.py: benchmarks choose the experts instead of the router
 
@@ -190,7 +191,7 @@ class GptOss(MoeDecoder):
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
-                                routing.predictions)
+                                routing.predictions, slots=routing.slots)
 
     def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
         layer = self.layers[index]
@@ -214,7 +215,12 @@ class GptOss(MoeDecoder):
         return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
 
     def _routing(self, index, layer, x) -> Routing:
-        if self.routing_override is None:
+        lookup = self.experts.resident_lookup(index, len(x)) if self.routing_override is None else None
+        slots = None
+        if lookup is not None:  # the router's launch looks the slots up too
+            top_experts, top_weights, slots = self.route_slots(x, layer["router"], layer["router_bias"],
+                                                               self.config.num_experts_per_tok, *lookup)
+        elif self.routing_override is None:
             top_experts, top_weights = self._route(layer, x)
         else:  # the router's logits weight the experts chosen for it
             top_experts = self.routing_override.experts(index, len(x))
@@ -222,7 +228,7 @@ class GptOss(MoeDecoder):
         predictions = {
             later: self._route(self.layers[later], x)[0] for later in self.experts.lookahead_layers(index, len(x))
         }
-        return Routing(x, top_experts, top_weights, predictions)
+        return Routing(x, top_experts, top_weights, predictions, slots=slots)
 
     def _route(self, layer, x) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] normed -> top-k experts and their softmax weights [T, k]."""
