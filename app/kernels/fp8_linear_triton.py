@@ -17,6 +17,7 @@ dense MLP 10944, shared expert 1408):
 """
 
 import math
+from dataclasses import replace
 
 import torch
 import triton
@@ -35,6 +36,7 @@ from app.kernels.glu_experts_triton import (
 from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
 
 PROGRAMS_PER_SM = 2
+MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132
 MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
 
 
@@ -110,11 +112,16 @@ def _projection(
     return Projection(weight, scale, PER_BLOCK, block)
 
 
-def one_token_tiles(in_features: int, glu: bool, element_size: int = 1) -> RowTiles:
+def one_token_tiles(in_features: int, glu: bool, element_size: int = 1, width: int | None = None) -> RowTiles:
     """The fastest tiles of the H200 sweep at GLM-4.5-Air's FP8 shapes (bench/NOTES.md): a GLU's gate and up rows on
     4 warps; else 8 rows folded by 16 up to 4096 inputs, 4 beyond (o_proj's 12288: the unrolled steps' registers).
-    Wider weights (`element_size` bytes) take as many bytes a step (`RowTiles.for_element_size`)."""
+    Wider weights (`element_size` bytes) take as many bytes a step (`RowTiles.for_element_size`). Fewer rows a
+    program where `width` outputs would leave the launch fewer than MIN_WARPS warps: each warp holds only a few
+    steps' loads in flight, so a launch of a few hundred (gpt-oss's o_proj, 2880 rows: 360 programs of 8) leaves the
+    SMs waiting."""
     tiles = RowTiles(4, 512, warps=4) if glu else RowTiles(8 if in_features <= 4096 else 4, 512, fold=16)
+    while width is not None and tiles.rows > 1 and math.ceil(width / tiles.rows) * tiles.warps < MIN_WARPS:
+        tiles = replace(tiles, rows=tiles.rows // 2)
     return tiles.for_element_size(element_size)
 
 
@@ -134,7 +141,7 @@ def run_one_token(
     width = weight.shape[0] // 2 if glu else weight.shape[0]
     assert not glu or weight.shape[0] % 2 == 0, "gate rows then as many up rows"
     assert residual is None or (residual.shape == (1, width) and residual.dtype == x.dtype)
-    tiles = projection.inside_scale_blocks(tiles or one_token_tiles(in_features, glu, weight.element_size()))
+    tiles = projection.inside_scale_blocks(tiles or one_token_tiles(in_features, glu, weight.element_size(), width))
     if glu and projection.kind == PER_BLOCK:  # the up rows in one block row too
         tiles = tiles.within(width)
     out = torch.empty((1, width), dtype=x.dtype, device=x.device)

@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from app.engine.layers import linear as layers_linear
 from app.kernels.expert_tiles import Tiles
 from app.kernels.fp8_linear import epilogue_torch, fp8_linear, fp8_linear_torch, one_token_linear
-from app.kernels.fp8_linear_triton import pick_tiles, run_one_token
+from app.kernels.fp8_linear_triton import one_token_tiles, pick_tiles, run_one_token
 from app.kernels.rows_times_vector_triton import RowTiles
 from tests.fixtures.tiny_glm import dequantize_reference, quantize_fp8
 from tests.kernels.poison import poisoned_allocations
@@ -181,3 +182,38 @@ def test_one_token_linear_of_a_16_bit_weight_matches_reference(out, inputs, dtyp
     ref = epilogue_torch(x.float() @ weight.float().T, glu, None if residual is None else residual.float())
     assert y.dtype == dtype and y.shape == ref.shape
     assert relative_error(y.float(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+
+
+def test_one_token_tiles_leave_a_launch_a_thousand_warps():
+    """GLM-4.5-Air's dense products keep the swept tiles; narrower outputs get fewer rows a program (gpt-oss-20b's
+    o_proj, 2880 rows of 4096 bf16 inputs: 360 programs of 8 rows)."""
+    assert one_token_tiles(4096, False, 1, 14336).rows == 8  # q/k/v
+    assert one_token_tiles(12288, False, 1, 4096).rows == 4  # o
+    assert one_token_tiles(4096, True, 1, 1408) == one_token_tiles(4096, True)  # the shared expert's gate + up
+    assert one_token_tiles(2880, False, 2, 5120).rows == 4  # gpt-oss-20b's q/k/v
+    assert one_token_tiles(4096, False, 2, 2880).rows == 2  # and o
+    assert one_token_tiles(64, False, 2, 10).rows == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_product_with_a_bias_takes_one_launch(dtype, monkeypatch):
+    """linear's one token of an unscaled weight with a bias alone (gpt-oss's q/k/v and o) adds the bias in the
+    product's launch, as a residual row; more tokens, or a bias with other epilogues, take F.linear."""
+    generator = torch.Generator().manual_seed(7)
+    weight = (torch.randn(40, 200, generator=generator) / 200**0.5).to(dtype)
+    bias = torch.randn(40, generator=generator).to(dtype)
+    launches = []
+
+    def counted(*args, **kwargs):
+        launches.append(args[0].shape)
+        return one_token_linear(*args, **kwargs)
+
+    monkeypatch.setattr(layers_linear, "one_token_linear", counted)
+    for tokens in (1, 3):
+        x = torch.randn(tokens, 200, generator=generator).to(dtype)
+        with poisoned_allocations():
+            y = layers_linear.linear(x, weight, bias)
+        ref = x.float() @ weight.float().T + bias.float()
+        assert y.dtype == dtype and y.shape == ref.shape
+        assert relative_error(y.float(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)
+    assert launches == [(1, 200)]

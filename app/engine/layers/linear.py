@@ -46,11 +46,14 @@ def linear(
 ) -> torch.Tensor:
     """x [..., in] @ weight [out, in].T (+ bias [out]) -> [..., out] in x's dtype; `glu` (gate rows then up rows:
     -> SiLU(gate) * up [..., out / 2]) and `residual` (added last) as fp8_linear's epilogues, which an FP8 weight
-    runs in the product's launches, and an unscaled one at one token where Triton runs (`one_token_linear`)."""
+    runs in the product's launches, and an unscaled one at one token where Triton runs (`one_token_linear`, which
+    also adds a bias that comes alone: one token's bias is an added row, as its residual is)."""
     if isinstance(weight, torch.Tensor):
-        if (glu or residual is not None) and bias is None and x.numel() == x.shape[-1] and triton_runs(x.device):
-            flat = residual.reshape(1, -1) if residual is not None else None  # one token: its epilogues in one launch
-            return one_token_linear(x.reshape(1, -1), weight, glu, flat).reshape(*x.shape[:-1], -1)
+        one_token = x.numel() == x.shape[-1] and triton_runs(x.device)
+        if one_token and bias is None and (glu or residual is not None):
+            return _in_one_launch(x, weight, glu, residual)
+        if one_token and bias is not None and not glu and residual is None:
+            return _in_one_launch(x, weight, False, bias)
         return epilogue_torch(F.linear(x, weight, bias), glu, residual)
     assert bias is None or not (glu or residual is not None), "a bias comes before the epilogues"
     flat = residual.reshape(-1, residual.shape[-1]) if residual is not None else None
@@ -58,6 +61,12 @@ def linear(
                         residual=flat)
     y = y.reshape(*x.shape[:-1], y.shape[-1])
     return y if bias is None else y + bias
+
+
+def _in_one_launch(x: torch.Tensor, weight: torch.Tensor, glu: bool, added: torch.Tensor | None) -> torch.Tensor:
+    """One token x [..., in] times an unscaled weight with its epilogues (`added` [..., out] last) in one launch."""
+    flat = added.reshape(1, -1) if added is not None else None
+    return one_token_linear(x.reshape(1, -1), weight, glu, flat).reshape(*x.shape[:-1], -1)
 
 
 def stacked_linear(

@@ -9,6 +9,7 @@ import torch
 from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import ExpertTensors, Routing
 from app.engine.layers.kv_cache import KVCache
+from app.engine.layers.linear import linear
 from app.engine.layers.ops import attend, causal_mask
 from app.engine.layers.rope import Rotary
 from app.engine.models.moe_decoder import MoeDecoder
@@ -203,7 +204,7 @@ class GptOss(MoeDecoder):
     def _attention(self, index, layer, x, context: AttentionContext, cache: KVCache) -> torch.Tensor:
         c = self.config
         heads, kv_heads = c.num_attention_heads, c.num_key_value_heads
-        qkv = torch.addmm(layer["qkv_bias"], x, layer["qkv"].T).unflatten(-1, (heads + 2 * kv_heads, c.head_dim))
+        qkv = linear(x, layer["qkv"], layer["qkv_bias"]).unflatten(-1, (heads + 2 * kv_heads, c.head_dim))
         keys, values = cache.layer_rows(index, "k"), cache.layer_rows(index, "v")  # [capacity, kv_heads, d]
         q = self.rotary_write(qkv, context.cos, context.sin, context.positions, keys, values)
         window = c.sliding_window if c.layer_types[index] == "sliding_attention" else None
@@ -212,7 +213,7 @@ class GptOss(MoeDecoder):
         else:
             rows = cache.num_rows(len(x))
             out = attend(q, keys[:rows], values[:rows], context.masks[window], c.head_dim**-0.5, sinks=layer["sinks"])
-        return torch.addmm(layer["o_bias"], out.flatten(-2), layer["o"].T)
+        return linear(out.flatten(-2), layer["o"], layer["o_bias"])
 
     def _routing(self, index, layer, x) -> Routing:
         lookup = self.experts.resident_lookup(index, len(x)) if self.routing_override is None else None
