@@ -5,6 +5,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+
 ELEMENTS_PER_STEP = 32768  # weights read per loop step: few steps (3 at 32 experts), ~64 registers a thread at 16 warps
 
 
@@ -22,6 +24,7 @@ def run_top_k_router(
     _top_k_router_kernel[(tokens,)](
         x, weight, bias, picked, weights, hidden, experts,
         K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_E=block_e, BLOCK_H=block_h, num_warps=16,
+        **dependent_launch(x.device),
     )
     return picked, weights
 
@@ -29,8 +32,9 @@ def run_top_k_router(
 @triton.jit
 def _top_k_router_kernel(
     x_ptr, weight_ptr, bias_ptr, picked_ptr, weights_ptr, hidden, experts,
-    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
+    K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     token = tl.program_id(0).to(tl.int64)
     expert = tl.arange(0, BLOCK_E)
     expert_ok = expert < experts

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.resident_slots_triton import look_up_slots
 from app.kernels.sigmoid_router import SigmoidRouting
 
@@ -43,7 +44,7 @@ def run_sigmoid_router(
     if tokens > DECODE_TOKENS:
         shares = (x.float() @ weight.T)[None]
         _choice_kernel[(tokens,)](shares, correction_bias.contiguous(), picked, weights, tokens, 1, routing.scale,
-                                  **choice, num_warps=1)
+                                  **choice, num_warps=1, **dependent_launch(x.device))
         return picked, weights, None
     shares = torch.empty((triton.cdiv(hidden, BLOCK_H), tokens, experts), dtype=torch.float32, device=x.device)
     slots = None if slot_row is None else torch.empty((1, routing.k), dtype=torch.int64, device=x.device)
@@ -51,7 +52,7 @@ def run_sigmoid_router(
         x, weight.contiguous(), shares, _arrivals(x.device), correction_bias.contiguous(), picked, weights,
         picked if slot_row is None else slot_row, picked if uses is None else uses, picked if slots is None else slots,
         tokens, hidden, experts, routing.scale, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice,
-        HAS_SLOTS=slot_row is not None, num_warps=4,
+        HAS_SLOTS=slot_row is not None, num_warps=4, **dependent_launch(x.device),
     )
     return picked, weights, slots
 
@@ -73,9 +74,10 @@ def _route_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_
                   uses_ptr, slots_ptr, tokens, hidden, experts, scale, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                   K: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
                   KEPT_GROUPS: tl.constexpr, PER_GROUP: tl.constexpr, BLOCK_PER_GROUP: tl.constexpr,
-                  NORMALIZE: tl.constexpr, HAS_SLOTS: tl.constexpr):
+                  NORMALIZE: tl.constexpr, HAS_SLOTS: tl.constexpr, PDL: tl.constexpr):
     """The program's shares, then, in the program that arrives last, the choice for every token (and one token's
     slots)."""
+    after_earlier_kernels(PDL)
     _product(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
     tl.debug_barrier()  # every thread's shares are written before the arrival that publishes them
     programs = tl.num_programs(0) * tl.num_programs(1)
@@ -108,7 +110,8 @@ def _product(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E: tl
 def _choice_kernel(shares_ptr, bias_ptr, picked_ptr, weights_ptr, tokens, num_shares, scale,
                    K: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
                    KEPT_GROUPS: tl.constexpr, PER_GROUP: tl.constexpr, BLOCK_PER_GROUP: tl.constexpr,
-                   NORMALIZE: tl.constexpr):
+                   NORMALIZE: tl.constexpr, PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     _choose(shares_ptr, bias_ptr, picked_ptr, weights_ptr, tl.program_id(0), tokens, num_shares, scale, K, BLOCK_K,
             GROUPS, BLOCK_GROUPS, KEPT_GROUPS, PER_GROUP, BLOCK_PER_GROUP, NORMALIZE)
 
