@@ -9,6 +9,7 @@ statement. CUDA graphs keep the dependencies when they capture such launches. MO
 (to measure the difference in one run).
 """
 
+import functools
 import os
 
 import torch
@@ -20,9 +21,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 def dependent_launch(device: torch.device) -> dict:
     """The launch options of a kernel that calls `after_earlier_kernels`: PDL on CUDA devices of compute capability 9
     and later (the kernel's PDL constant, and Triton's launch_pdl), off elsewhere."""
-    on = (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-          and os.environ.get("MOECHAT_PDL", "1") != "0")
-    return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if _launches_dependent(device) else {"PDL": False}
+
+
+@functools.cache
+def _launches_dependent(device: torch.device) -> bool:
+    return (device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+            and os.environ.get("MOECHAT_PDL", "1") != "0")
 
 
 @triton.jit
