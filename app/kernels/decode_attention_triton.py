@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import INTERPRETED
 
 STEP_BYTES = 32 * 1024  # a step's key rows at the most: the tiles of a step fit shared memory (MLA: 16 rows)
@@ -58,14 +59,14 @@ def run_decode_attention(
         DIM=dim, ROPE=rope, ROPE_BLOCK=max(16, rope), VALUES_ARE_KEYS=values_are_keys, BLOCK_L=block_l,
         SPLITS=splits, BLOCK_G=max(MIN_GROUP, triton.next_power_of_2(groups)), F32=q.dtype == torch.float32,
         UPCAST=INTERPRETED,
-        num_warps=8 if wide else 4, num_stages=2 if wide else 3,
+        num_warps=8 if wide else 4, num_stages=2 if wide else 3, **dependent_launch(q.device),
     )
     out = torch.empty((1, heads, dim), dtype=q.dtype, device=q.device)
     columns = min(dim, JOIN_COLUMNS)
     _join_kernel[(heads, dim // columns)](
         shares, largest, totals, sinks if sinks is not None else q, position, out, window or 0,
         HAS_SINKS=sinks is not None, DIM=dim, COLUMNS=columns, SPLITS=splits, CHUNK=min(JOIN_CHUNK, splits),
-        BLOCK_L=block_l, num_warps=1,
+        BLOCK_L=block_l, num_warps=1, **dependent_launch(q.device),
     )
     return out
 
@@ -85,9 +86,11 @@ def _share_kernel(
     window, key_row_stride, value_row_stride, value_head_stride,
     DIM: tl.constexpr, ROPE: tl.constexpr, ROPE_BLOCK: tl.constexpr, VALUES_ARE_KEYS: tl.constexpr,
     BLOCK_L: tl.constexpr, SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, F32: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Share `split` of the keys key head `kv_head` sees -> for each query head of its group the unnormalised
     output [DIM], largest score and sum of exp(score - largest) (-inf and 0 for an empty share)."""
+    after_earlier_kernels(PDL)
     kv_head, split = tl.program_id(0), tl.program_id(1)
     member = tl.arange(0, BLOCK_G)
     real = member < groups
@@ -143,9 +146,10 @@ def _share_kernel(
 @triton.jit
 def _join_kernel(shares_ptr, largest_ptr, totals_ptr, sinks_ptr, position_ptr, out_ptr, window,
                  HAS_SINKS: tl.constexpr, DIM: tl.constexpr, COLUMNS: tl.constexpr, SPLITS: tl.constexpr,
-                 CHUNK: tl.constexpr, BLOCK_L: tl.constexpr):
+                 CHUNK: tl.constexpr, BLOCK_L: tl.constexpr, PDL: tl.constexpr):
     """A head's shares and sink -> COLUMNS of its output: each share rescaled to the largest score of all (the
     first share is never empty, so that is finite), CHUNK shares at a time up to the last that holds rows."""
+    after_earlier_kernels(PDL)
     head = tl.program_id(0)
     split, dim = tl.arange(0, SPLITS), tl.program_id(1) * COLUMNS + tl.arange(0, COLUMNS)
     largest = tl.load(largest_ptr + head * SPLITS + split)

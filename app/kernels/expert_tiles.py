@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+
 # how store_activations lays out a pair's activations [W]: as they are, or by group ([32, W/32], mxfp4_cuda_cores.py)
 IN_ORDER, GROUP_MAJOR = tl.constexpr(0), tl.constexpr(1)
 MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
@@ -85,7 +87,7 @@ def sum_picks(per_pick: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, a
     block_t, block_h = min(16, triton.next_power_of_2(tokens)), 256
     _sum_picks_kernel[(triton.cdiv(tokens, block_t), triton.cdiv(hidden_size, block_h))](
         per_pick, slots.contiguous(), out, tokens, hidden_size, PICKS=picks, ALWAYS=always, BLOCK_T=block_t,
-        BLOCK_H=block_h,
+        BLOCK_H=block_h, **dependent_launch(per_pick.device),
     )
     return out
 
@@ -154,8 +156,9 @@ def store_activations(
 @triton.jit
 def _sum_picks_kernel(
     per_pick_ptr, slots_ptr, out_ptr, tokens, hidden_size,
-    PICKS: tl.constexpr, ALWAYS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+    PICKS: tl.constexpr, ALWAYS: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     columns = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros((BLOCK_T, BLOCK_H), tl.float32)

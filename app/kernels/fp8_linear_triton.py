@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
 from app.kernels.glu_experts_triton import (
     NO_SCALE,
@@ -149,6 +150,7 @@ def run_one_token(
         x.contiguous(), *projection.typed_pointers(), out if residual is None else residual.contiguous(), out,
         N=width, K=in_features,
         **projection.scale_constants(), GLU=glu, HAS_RESIDUAL=residual is not None, **tiles.constants(),
+        **dependent_launch(x.device),
     )
     return out
 
@@ -200,8 +202,10 @@ def _one_token_kernel(
     x_ptr, weight_ptr, scale_ptr, residual_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program: outputs [first, first + BLOCK_N) of one token; with GLU the rows' gate (rows) and up (rows + N)."""
+    after_earlier_kernels(PDL)
     first = tl.program_id(0) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads

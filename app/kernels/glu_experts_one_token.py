@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.fp8_bytes import goes_as_bytes
@@ -62,12 +63,14 @@ def run_one_token(
         hidden, *gate.typed_pointers(), table, rows, own, activations,
         *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
         H=hidden_size, W=width, PICKS=picks, COLUMNS=len(names), **gate.scale_constants(), **gate_up.constants(),
+        **dependent_launch(hidden.device),
     )
     per_pick = torch.empty((programs, hidden_size), dtype=torch.float32, device=hidden.device)
     _down_kernel[(programs, triton.cdiv(hidden_size, down_tiles.rows))](
         activations, *down.typed_pointers(), table, rows, own, weights, per_pick,
         *down.table_columns(names, "down_proj"),
         H=hidden_size, W=width, PICKS=picks, COLUMNS=len(names), **down.scale_constants(), **down_tiles.constants(),
+        **dependent_launch(hidden.device),
     )
     return sum_picks(per_pick, rows, hidden.dtype, always=programs - picks)
 
@@ -98,8 +101,9 @@ def _gate_up_kernel(
     gate_column, gate_scale_column, up_column, up_scale_column,
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pick = tl.program_id(0)
     row, shared = _pick_row(rows_ptr, pick, PICKS)
     if row < 0:
@@ -123,8 +127,9 @@ def _down_kernel(
     weight_column, scale_column,
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pick = tl.program_id(0)
     row, shared = _pick_row(rows_ptr, pick, PICKS)
     if row < 0:

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_table import row_pointer
 from app.kernels.expert_tiles import Tiles, sum_picks
 from app.kernels.mxfp4_half_pairs import (
@@ -51,14 +52,14 @@ def run_in_half_pairs(
         x, x_unscale, arenas["gate_up_proj_blocks"].view(torch.int32), arenas["gate_up_proj_scales"],
         arenas["gate_up_proj_bias"], table, rows, activations, limit, alpha, *gate_up_columns,
         H=hidden_size, W=width, PICKS=picks, COLUMNS=len(columns), ACT_SCALE=2.0**shift, BLOCK_N=gate_up.features,
-        num_warps=gate_up.warps,
+        num_warps=gate_up.warps, **dependent_launch(device),
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, down.features))](
         activations, arenas["down_proj_blocks"].view(torch.int32), arenas["down_proj_scales"],
         arenas["down_proj_bias"], table, rows, weights, per_pick, *down_columns,
         H=hidden_size, W=width, COLUMNS=len(columns), ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - shift),
-        BLOCK_N=down.features, num_warps=down.warps,
+        BLOCK_N=down.features, num_warps=down.warps, **dependent_launch(device),
     )
     return sum_picks(per_pick, rows, hidden.dtype)
 
@@ -77,8 +78,9 @@ def _half_pairs_gate_up_kernel(
     pairs_ptr, unscale_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, activations_ptr,
     limit, alpha, weight_column, scale_column, bias_column,
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr, ACT_SCALE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pair = tl.program_id(0)
     row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
     if row < 0:
@@ -103,7 +105,9 @@ def _half_pairs_down_kernel(
     activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
     weight_column, scale_column, bias_column,
     H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pair = tl.program_id(0)
     row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
     if row < 0:

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.rotation_triton import rotated
 
 ROWS, DEPTH = 32, 128  # weight rows a program, inputs a step (at most)
@@ -27,7 +28,7 @@ def run_head_products(
         x, weight, x if cos is None else cos.contiguous(), x if sin is None else sin.contiguous(), out,
         x.stride(0), x.stride(1), heads, N=rows, K=inputs, ROPE=rope, BLOCK_N=ROWS,
         BLOCK_K=min(DEPTH, triton.next_power_of_2(inputs)), ROPE_BLOCK=triton.next_power_of_2(max(rope, 1)),
-        INTERLEAVED=interleaved, num_warps=4,
+        INTERLEAVED=interleaved, num_warps=4, **dependent_launch(x.device),
     )
     return out
 
@@ -52,7 +53,9 @@ def _rows_times_inputs(x_ptr, w_ptr, out_ptr, block, N: tl.constexpr, K: tl.cons
 @triton.jit
 def _head_products_kernel(x_ptr, w_ptr, cos_ptr, sin_ptr, out_ptr, token_stride, head_stride, heads,
                           N: tl.constexpr, K: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, ROPE_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr):
+                          BLOCK_K: tl.constexpr, ROPE_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+                          PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     token, head, block = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     x_row = x_ptr + token * token_stride + head * head_stride
     out_row = out_ptr + (token * heads + head) * (N + ROPE)

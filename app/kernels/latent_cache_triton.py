@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.rotation_triton import rotated
 
 
@@ -26,7 +27,7 @@ def run_latent_cache_write(
         positions, latents, query_latent, latent_inputs.stride(0), latents.stride(0), eps,
         QUERIES=queries, LATENT=latent, ROPE=rope, QUERY_BLOCK=triton.next_power_of_2(queries),
         LATENT_BLOCK=triton.next_power_of_2(latent), ROPE_BLOCK=triton.next_power_of_2(rope),
-        INTERLEAVED=interleaved, num_warps=4,
+        INTERLEAVED=interleaved, num_warps=4, **dependent_launch(latent_inputs.device),
     )
     return query_latent
 
@@ -60,7 +61,9 @@ def _write_latent(row_ptr, norm_ptr, eps, cos_ptr, sin_ptr, token, target_ptr, L
 def _latent_cache_kernel(inputs_ptr, query_norm_ptr, latent_norm_ptr, cos_ptr, sin_ptr, positions_ptr, latents_ptr,
                          query_ptr, input_stride, latent_stride, eps,
                          QUERIES: tl.constexpr, LATENT: tl.constexpr, ROPE: tl.constexpr, QUERY_BLOCK: tl.constexpr,
-                         LATENT_BLOCK: tl.constexpr, ROPE_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr):
+                         LATENT_BLOCK: tl.constexpr, ROPE_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+                         PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     token = tl.program_id(0).to(tl.int64)
     row = inputs_ptr + token * input_stride
     if tl.program_id(1) == 0:

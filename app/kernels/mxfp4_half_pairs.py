@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+
 EMULATED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")  # read when the kernels are defined
 # inputs are scaled below 2^14: a group's float16 half-sums stay below 16 * 6 * 2^14 * 2^-14 = 96
 LARGEST_INPUT_EXPONENT = 14
@@ -49,7 +51,7 @@ def half_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     pairs = torch.empty((tokens, k_size), dtype=torch.float16, device=x.device)
     unscale = torch.empty(tokens, dtype=torch.float32, device=x.device)
     _half_pairs_kernel[(tokens,)](x.contiguous(), pairs, unscale, K=k_size, BLOCK=triton.next_power_of_2(k_size),
-                                  num_warps=8)
+                                  num_warps=8, **dependent_launch(x.device))
     return pairs, unscale
 
 
@@ -63,7 +65,8 @@ def pair_order(columns, K: tl.constexpr):
 
 
 @triton.jit
-def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, K: tl.constexpr, BLOCK: tl.constexpr):
+def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     token = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
     inside = columns < K

@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+
 
 def run_add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
@@ -15,12 +17,15 @@ def run_add_rms_norm(
     hidden = x.shape[1]
     _add_rms_norm_kernel[(x.shape[0],)](
         x, delta, weight, total, normed, hidden, eps, BLOCK=triton.next_power_of_2(hidden), num_warps=8,
+        **dependent_launch(x.device),
     )
     return total, normed
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, total_ptr, normed_ptr, hidden, eps, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, total_ptr, normed_ptr, hidden, eps, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     columns = tl.arange(0, BLOCK)
     inside = columns < hidden
     row = tl.program_id(0).to(tl.int64) * hidden

@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+
 
 def run_resident_slots(slot_row: torch.Tensor, experts: torch.Tensor, uses: torch.Tensor) -> torch.Tensor:
     """slot_row [E + 1], experts [1, k] -> slots [1, k]; uses [] += the picks with a slot."""
@@ -12,12 +14,14 @@ def run_resident_slots(slot_row: torch.Tensor, experts: torch.Tensor, uses: torc
     slots = torch.empty_like(experts)
     picks = experts.shape[1]
     _resident_slots_kernel[(1,)](slot_row, experts, uses, slots, slot_row.shape[0], picks,
-                                 BLOCK=triton.next_power_of_2(picks), num_warps=1)
+                                 BLOCK=triton.next_power_of_2(picks), num_warps=1, **dependent_launch(slot_row.device))
     return slots
 
 
 @triton.jit
-def _resident_slots_kernel(slot_row_ptr, experts_ptr, uses_ptr, slots_ptr, row_length, picks, BLOCK: tl.constexpr):
+def _resident_slots_kernel(slot_row_ptr, experts_ptr, uses_ptr, slots_ptr, row_length, picks, BLOCK: tl.constexpr,
+                           PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     look_up_slots(slot_row_ptr, experts_ptr, uses_ptr, slots_ptr, row_length, picks, BLOCK)
 
 

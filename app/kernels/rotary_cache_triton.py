@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+
 
 def run_rotary_cache_write(
     qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
@@ -29,6 +31,7 @@ def run_rotary_cache_write(
         qkv, cos, sin, positions, keys, values, queries, qkv if bias is None else bias.contiguous(),
         qkv if head_norms is None else head_norms.contiguous(), heads, kv_heads, eps,
         DIM=dim, HALF=half, HAS_BIAS=bias is not None, HAS_NORMS=head_norms is not None, num_warps=1,
+        **dependent_launch(qkv.device),
     )
     return queries
 
@@ -36,7 +39,9 @@ def run_rotary_cache_write(
 @triton.jit
 def _rotary_cache_kernel(qkv_ptr, cos_ptr, sin_ptr, positions_ptr, keys_ptr, values_ptr, queries_ptr, bias_ptr,
                          norms_ptr, heads, kv_heads, eps,
-                         DIM: tl.constexpr, HALF: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORMS: tl.constexpr):
+                         DIM: tl.constexpr, HALF: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_NORMS: tl.constexpr,
+                         PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     token, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
     all_heads = heads + 2 * kv_heads
     dim = tl.arange(0, DIM)

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.resident_slots_triton import look_up_slots
 from app.kernels.router_shares_triton import (
     BLOCK_E,
@@ -44,12 +45,14 @@ def run_top_k_router(
             x, weight, shares, arrivals(x.device), bias, picked, weights,
             *slot_pointers, tokens, hidden, experts,
             BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice, HAS_SLOTS=slot_row is not None, num_warps=4,
+            **dependent_launch(x.device),
         )
         return picked, weights, slots
     assert slot_row is None, "slots are looked up at decode"
     block_h = min(triton.next_power_of_2(hidden), max(64, ELEMENTS_PER_STEP // block_e))
     _top_k_router_kernel[(tokens,)](
         x, weight, bias, picked, weights, hidden, experts, BLOCK_H=block_h, **choice, num_warps=16,
+        **dependent_launch(x.device),
     )
     return picked, weights, None
 
@@ -58,9 +61,10 @@ def run_top_k_router(
 def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_ptr, weights_ptr,
                          slot_row_ptr, uses_ptr, slots_ptr, tokens, hidden, experts, BLOCK_E: tl.constexpr,
                          BLOCK_H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
-                         HAS_SLOTS: tl.constexpr):
+                         HAS_SLOTS: tl.constexpr, PDL: tl.constexpr):
     """The program's shares, then, in the program that arrives last, the choice for every token (and one token's
     slots)."""
+    after_earlier_kernels(PDL)
     product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
     if arrives_last(arrivals_ptr):
         expert = tl.arange(0, BLOCK_EXPERTS)
@@ -79,8 +83,10 @@ def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, 
 def _top_k_router_kernel(
     x_ptr, weight_ptr, bias_ptr, picked_ptr, weights_ptr, hidden, experts,
     K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr, BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One token's product in one program, then its choice."""
+    after_earlier_kernels(PDL)
     token = tl.program_id(0).to(tl.int64)
     expert = tl.arange(0, BLOCK_EXPERTS)
     expert_ok = expert < experts

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.resident_slots_triton import look_up_slots
 from app.kernels.router_shares_triton import (
     BLOCK_E,
@@ -43,7 +44,7 @@ def run_sigmoid_router(
         assert slot_row is None, "slots are looked up at decode"
         shares = (x.float() @ weight.T)[None]
         _choice_kernel[(tokens,)](shares, correction_bias.contiguous(), picked, weights, tokens, 1, routing.scale,
-                                  **choice, num_warps=1)
+                                  **choice, num_warps=1, **dependent_launch(x.device))
         return picked, weights, None
     shares = empty_shares(tokens, hidden, experts, x.device)
     slots, slot_pointers = slot_lookup(picked, experts, slot_row, uses)
@@ -51,7 +52,7 @@ def run_sigmoid_router(
         x, weight.contiguous(), shares, arrivals(x.device), correction_bias.contiguous(), picked, weights,
         *slot_pointers,
         tokens, hidden, experts, routing.scale, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice,
-        HAS_SLOTS=slot_row is not None, num_warps=4,
+        HAS_SLOTS=slot_row is not None, num_warps=4, **dependent_launch(x.device),
     )
     return picked, weights, slots
 
@@ -61,9 +62,10 @@ def _route_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_
                   uses_ptr, slots_ptr, tokens, hidden, experts, scale, BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr,
                   K: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
                   KEPT_GROUPS: tl.constexpr, PER_GROUP: tl.constexpr, BLOCK_PER_GROUP: tl.constexpr,
-                  NORMALIZE: tl.constexpr, HAS_SLOTS: tl.constexpr):
+                  NORMALIZE: tl.constexpr, HAS_SLOTS: tl.constexpr, PDL: tl.constexpr):
     """The program's shares, then, in the program that arrives last, the choice for every token (and one token's
     slots)."""
+    after_earlier_kernels(PDL)
     product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
     if arrives_last(arrivals_ptr):
         for token in range(tokens):
@@ -78,7 +80,8 @@ def _route_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_
 def _choice_kernel(shares_ptr, bias_ptr, picked_ptr, weights_ptr, tokens, num_shares, scale,
                    K: tl.constexpr, BLOCK_K: tl.constexpr, GROUPS: tl.constexpr, BLOCK_GROUPS: tl.constexpr,
                    KEPT_GROUPS: tl.constexpr, PER_GROUP: tl.constexpr, BLOCK_PER_GROUP: tl.constexpr,
-                   NORMALIZE: tl.constexpr):
+                   NORMALIZE: tl.constexpr, PDL: tl.constexpr):
+    after_earlier_kernels(PDL)
     _choose(shares_ptr, bias_ptr, picked_ptr, weights_ptr, tl.program_id(0), tokens, num_shares, scale, K, BLOCK_K,
             GROUPS, BLOCK_GROUPS, KEPT_GROUPS, PER_GROUP, BLOCK_PER_GROUP, NORMALIZE)
 

@@ -107,8 +107,18 @@ def takes_fp8_bytes(launch: dict) -> bool:
 
 
 def compile_for_h200(launch: dict) -> str | None:
-    """Compiles one recorded launch for sm_90; None where it compiles within the SM's shared memory, else why not."""
-    return compile_for(launch, H200, H200_SHARED_BYTES)
+    """Compiles one recorded launch for sm_90 as an H200 launches it (`as_on_hopper`); None where it compiles within
+    the SM's shared memory, else why not."""
+    return compile_for(as_on_hopper(launch), H200, H200_SHARED_BYTES)
+
+
+def as_on_hopper(launch: dict) -> dict:
+    """A recorded launch as a GPU of sm_90 or later makes it: dependent (PDL true, launch_pdl; dependent_launch.py)
+    where the kernel takes a PDL constant, which the interpreter's launches leave false."""
+    if not any(name == "PDL" for name, _, _ in launch["arguments"]):
+        return launch
+    arguments = [[name, kind, True if name == "PDL" else detail] for name, kind, detail in launch["arguments"]]
+    return dict(launch, options=dict(launch["options"], launch_pdl=True), arguments=arguments)
 
 
 def compile_for_rtx_3090(launch: dict) -> str | None:

@@ -79,6 +79,30 @@ def test_top_k_router_looks_up_slots_in_a_graph(experts):
     assert uses.item() == want_uses.item() > 0
 
 
+def test_dependent_launches_read_what_the_launch_before_wrote():
+    """Kernels launched dependent (PDL, dependent_launch.py) start while the one before them ends and must wait for
+    its writes: a chain of 200 add + norms, each adding the last one's normed output, eagerly and replayed in a CUDA
+    graph, equals the same chain of references."""
+    x = torch.randn(1, HIDDEN, device="cuda")
+    weight = torch.rand(HIDDEN, device="cuda") + 0.5
+
+    def chain(add_norm):
+        total, normed = x, torch.zeros_like(x)
+        for _ in range(200):
+            total, normed = add_norm(total, normed, weight, 1e-5)
+        return total
+
+    want = chain(add_rms_norm_torch)
+    torch.testing.assert_close(chain(add_rms_norm), want, rtol=1e-4, atol=1e-4)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = chain(add_rms_norm)
+    for _ in range(3):
+        replayed.zero_()
+        graph.replay()
+        torch.testing.assert_close(replayed, want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rotary_cache_write(dtype):
     qkv = torch.randn(3, HEADS + 2 * KV_HEADS, DIM, device="cuda").to(dtype)

@@ -94,3 +94,8 @@ def test_the_compiles_find_what_the_gpus_would_refuse(launches, tmp_path, monkey
     assert launch_record.compile_for_h200(deep) is None
     assert "shared memory" in launch_record.compile_for_rtx_3090(as_bytes(deep))
     assert "shared memory" in launch_record.compile_for_h200(with_tiles(5, BLOCK_M=64, BLOCK_N=128, BLOCK_K=256))
+    # the H200's compiles are of dependent launches (griddepcontrol), which a GPU before sm_90 refuses
+    dependent = next(launch for launch in launches if launch["kernel"] == "_add_rms_norm_kernel")
+    assert launch_record.compile_for_h200(dependent) is None
+    assert "requires .target sm_90" in launch_record.compile_for_rtx_3090(launch_record.as_on_hopper(dependent))
+    assert launch_record.compile_for_rtx_3090(dependent) is None
