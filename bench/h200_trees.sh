@@ -7,11 +7,11 @@
 # experts (bench/kernel_gpt_oss_experts.py at T = 1 with its float16-pair sweep); prefill, the FP8 dense prefill
 # sweep (bench/kernel_fp8_linear.py --prefill); one_token, the FP8 and bf16 GLU experts at one token
 # (bench/kernel_one_token.py --experts: the tree's tile sweep); one_token_defaults, the FP8 dense products at one
-# token (q/k/v, o, the shared expert) and the experts, each at the tree's default tiles alone. Last, unless NCU=0, Nsight Compute on this tree's
-# one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts, sectors a request). About 1.5
-# minutes a tree for the default phases, 2-3 for one_token: a call holds 10 minutes. THIS=0 leaves this tree out of
-# the phases; NAME (default "this") names its result files, so that two runs of this tree under different settings
-# (say MOECHAT_FP8_AS_BYTES=1) keep both.
+# token (q/k/v, o, the shared expert) and the experts, each at the tree's default tiles alone. Last, unless NCU=0,
+# Nsight Compute on this tree's one-token MXFP4 experts and FP8 GLU experts (memory tables included: L1 wavefronts,
+# sectors a request). About 1.5 minutes a tree for the default phases, 2-3 for one_token: a call holds 10 minutes.
+# THIS=0 leaves this tree out of the phases; NAME (default "this") names its result files, so that two runs of this
+# tree under different settings (say MOECHAT_FP8_AS_BYTES=1) keep both.
 # Results land in $OUT/results.tgz (the machine keeps nothing, and only a few files come back).
 set -uo pipefail
 out=${OUT:-/tmp/out}

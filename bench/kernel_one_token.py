@@ -56,6 +56,8 @@ GLU_SWEEP = [RowTiles(*t) for t in (
     (8, 512, 1, 16), (4, 1024, 1, 16), (8, 512, 2, 16), (2, 1024, 1, 16), (8, 1024, 2, 16))]
 
 
+OWN_TILES = "its own tiles"  # the default tiles of the tree that runs the benchmark, as the engine gets them
+
 # at most this many registers a thread (None: ptxas's choice): the defaults used 128-244 and ran 11-21 % occupied
 REGISTER_CAPS = (None, 128, 96, 80, 64)
 WIDER_EXPERTS = ((RowTiles(16, 1024, 4, 16), RowTiles(16, 512, 4, 16)),
@@ -66,29 +68,29 @@ def capped(tiles: RowTiles) -> list[RowTiles]:
     return [replace(tiles, registers=cap) for cap in REGISTER_CAPS]
 
 
-def dense_sweep(name: str, sweep: str) -> list[RowTiles | None]:
-    """None is the tiled path it replaced."""
+def dense_sweep(name: str, sweep: str) -> list[RowTiles | str | None]:
+    """None is the tiled path it replaced; OWN_TILES, the tiles run_one_token picks itself."""
     _, inputs, epilogue = DENSE[name]
     if sweep == "defaults":
-        return [one_token_tiles(inputs, epilogue == "glu")]
+        return [OWN_TILES]
     if sweep == "register caps":
         return capped(one_token_tiles(inputs, epilogue == "glu"))
     return [None, *(GLU_SWEEP if epilogue == "glu" else SWEEP)]
 
 
-def expert_sweep(fmt: str, sweep: str) -> list[tuple[RowTiles, RowTiles] | None]:
-    defaults = (glu_experts_one_token.GATE_UP, glu_experts_one_token.DOWN)
-    if sweep == "defaults":
-        return [defaults]
+def expert_sweep(fmt: str, sweep: str, gate_weight: torch.Tensor) -> list[tuple[RowTiles, RowTiles] | None]:
+    if sweep == "defaults":  # the engine's own choice for these weights (16-bit ones, FP8 as bytes)
+        return [glu_experts_one_token.default_tiles(gate_weight)]
     if sweep == "register caps":
-        pairs = [defaults, *WIDER_EXPERTS]
+        pairs = [(glu_experts_one_token.GATE_UP, glu_experts_one_token.DOWN), *WIDER_EXPERTS]
         return [(gate_up, down) for pair in pairs for gate_up, down in zip(*(capped(t) for t in pair), strict=True)]
     pairs = list(zip(GLU_SWEEP, SWEEP, strict=True))
     return [None, *(pairs[:1] if fmt == "bf16" else pairs)]
 
 
-def dense_case(name: str, block, tiles: RowTiles | None) -> dict:
-    """One product's check and graph time: rows times one vector with `tiles`, or the tiled path for None."""
+def dense_case(name: str, block, tiles: RowTiles | str | None) -> dict:
+    """One product's check and graph time: rows times one vector with `tiles` (its own for OWN_TILES), or the tiled
+    path for None."""
     out_features, inputs, epilogue = DENSE[name]
     weight, scale = make_weight(out_features, inputs, block)
     x = torch.randn(1, inputs, device="cuda").bfloat16()
@@ -100,7 +102,7 @@ def dense_case(name: str, block, tiles: RowTiles | None) -> dict:
     def product(w, s):
         if tiles is None:
             return run_fp8_linear(x, w, s, block, tiled, glu, residual)
-        return run_one_token(x, w, s, block, glu, residual, tiles)
+        return run_one_token(x, w, s, block, glu, residual, None if tiles == OWN_TILES else tiles)
 
     with poisoned_allocations():
         out = product(weight, scale)
@@ -154,7 +156,7 @@ def main(out_path: str, sweep: str, experts_only: bool) -> None:
                 save()
     for fmt in ("fp8-per-channel", "fp8-block128") + (() if sweep == "register caps" else ("bf16",)):
         arenas = make_arenas(fmt)
-        for tiles in expert_sweep(fmt, sweep):
+        for tiles in expert_sweep(fmt, sweep, arenas["gate_proj.weight"]):
             case = {"kind": "experts", "format": fmt, "tiles": repr(tiles) if tiles else "tiles"}
             case |= attempt(expert_case, arenas, fmt, tiles)
             if "kernels_us" in case:

@@ -144,8 +144,8 @@ def test_one_token_tiles_match_reference(out, inputs, fmt, tiles, glu, with_resi
     assert relative_error(y, ref) < 1e-5
 
 
-# the same with bf16 inputs, as the engine decodes: FP8 weights' inputs then come in 16-byte runs of their own
-# (rows_times_vector_triton._step_inputs), masked on tails, each run times its own block scale (block32)
+# the same with bf16 inputs, as the engine decodes (the tests above take float32 ones, which a kernel may load in
+# another layout): tails, block32 scales per input, block128 scales a step, two warps
 @pytest.mark.parametrize(("out", "inputs", "fmt", "tiles"), [
     (40, 200, "per-channel", RowTiles(16, 64, warps=2)),
     (72, 300, "block32", RowTiles(8, 256, warps=2)),
