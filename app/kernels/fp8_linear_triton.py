@@ -34,7 +34,7 @@ from app.kernels.glu_experts_triton import (
     _row_pointers,
     tile_inputs,
 )
-from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
+from app.kernels.rows_times_vector_triton import RowTiles, gated_rows_times_vector, rows_times_vector, weight_rows
 
 PROGRAMS_PER_SM = 2
 MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132
@@ -202,7 +202,7 @@ def _one_token_kernel(
     x_ptr, weight_ptr, scale_ptr, residual_ptr, out_ptr, N: tl.constexpr, K: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
-    PDL: tl.constexpr,
+    WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program: outputs [first, first + BLOCK_N) of one token; with GLU the rows' gate (rows) and up (rows + N)."""
     after_earlier_kernels(PDL)
@@ -210,11 +210,12 @@ def _one_token_kernel(
     features = first + tl.arange(0, BLOCK_N)
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
     w_rows, scales = weight_rows(weight_ptr, scale_ptr, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
-    y = rows_times_vector(x_ptr, w_rows, scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
     if GLU:
-        w_rows, scales = weight_rows(weight_ptr, scale_ptr, rows + N, first + N, K, SCALES, SCALE_ROWS, SCALE_COLS)
-        up = rows_times_vector(x_ptr, w_rows, scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
-        y = y * tl.sigmoid(y) * up
+        up_rows, up_scales = weight_rows(weight_ptr, scale_ptr, rows + N, first + N, K, SCALES, SCALE_ROWS, SCALE_COLS)
+        y = gated_rows_times_vector(x_ptr, w_rows, scales, up_rows, up_scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K,
+                                    FOLD, WARPS)
+    else:
+        y = rows_times_vector(x_ptr, w_rows, scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD, WARPS)
     if HAS_RESIDUAL:
         y += tl.load(residual_ptr + features, mask=features < N).to(tl.float32)
     tl.store(out_ptr + features, y.to(out_ptr.dtype.element_ty), mask=features < N)

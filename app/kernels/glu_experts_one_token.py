@@ -21,7 +21,7 @@ from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.fp8_bytes import goes_as_bytes
-from app.kernels.rows_times_vector_triton import RowTiles, rows_times_vector, weight_rows
+from app.kernels.rows_times_vector_triton import RowTiles, gated_rows_times_vector, rows_times_vector, weight_rows
 
 # the H200 sweep's fastest over both scale layouts at GLM-4.5-Air's FP8 shapes (bench/NOTES.md)
 GATE_UP, DOWN = RowTiles(8, 1024, warps=2, fold=16), RowTiles(8, 512, warps=2, fold=16)
@@ -101,7 +101,8 @@ def _gate_up_kernel(
     gate_column, gate_scale_column, up_column, up_scale_column,
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
     after_earlier_kernels(PDL)
     pick = tl.program_id(0)
@@ -114,9 +115,8 @@ def _gate_up_kernel(
                                           scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
     up_rows, up_scales = _expert_rows(table_ptr, row, own_ptr, shared, up_column, up_scale_column, weight_ptr,
                                       scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
-    gate = rows_times_vector(hidden_ptr, gate_rows, gate_scales, H, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
-    up = rows_times_vector(hidden_ptr, up_rows, up_scales, H, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
-    activation = gate * tl.sigmoid(gate) * up
+    activation = gated_rows_times_vector(hidden_ptr, gate_rows, gate_scales, up_rows, up_scales, H, SCALES, SCALE_COLS,
+                                         BLOCK_N, BLOCK_K, FOLD, WARPS)
     tl.store(activations_ptr + pick * W + features, activation.to(activations_ptr.dtype.element_ty),
              mask=features < W)
 
@@ -127,7 +127,8 @@ def _down_kernel(
     weight_column, scale_column,
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
+    WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
     after_earlier_kernels(PDL)
     pick = tl.program_id(0)
@@ -138,7 +139,8 @@ def _down_kernel(
     features = first + tl.arange(0, BLOCK_N)
     w_rows, scales = _expert_rows(table_ptr, row, own_ptr, shared, weight_column, scale_column, weight_ptr, scale_ptr,
                                   features, first, H, W, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
-    acc = rows_times_vector(activations_ptr + pick * W, w_rows, scales, W, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD)
+    acc = rows_times_vector(activations_ptr + pick * W, w_rows, scales, W, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD,
+                            WARPS)
     routing = tl.load(routing_ptr + tl.minimum(pick, PICKS - 1)).to(tl.float32)
     acc = acc * tl.where(shared, 1.0, routing)
     tl.store(per_pick_ptr + pick * H + features, acc, mask=features < H)
