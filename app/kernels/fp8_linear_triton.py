@@ -37,7 +37,7 @@ from app.kernels.glu_experts_triton import (
 from app.kernels.rows_times_vector_triton import RowTiles, gated_rows_times_vector, rows_times_vector, weight_rows
 
 PROGRAMS_PER_SM = 2
-MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132
+MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132, for 1-byte weights
 MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
 
 
@@ -117,11 +117,13 @@ def one_token_tiles(in_features: int, glu: bool, element_size: int = 1, width: i
     """The fastest tiles of the H200 sweep at GLM-4.5-Air's FP8 shapes (bench/NOTES.md): a GLU's gate and up rows on
     4 warps; else 8 rows folded by 16 up to 4096 inputs, 4 beyond (o_proj's 12288: the unrolled steps' registers).
     Wider weights (`element_size` bytes) take as many bytes a step (`RowTiles.for_element_size`). Fewer rows a
-    program where `width` outputs would leave the launch fewer than MIN_WARPS warps: each warp holds only a few
-    steps' loads in flight, so a launch of a few hundred (gpt-oss's o_proj, 2880 rows: 360 programs of 8) leaves the
-    SMs waiting."""
+    program where `width` outputs would leave the launch fewer than MIN_WARPS warps a byte of weight: each warp
+    holds only a few steps' loads in flight, so a launch of a few hundred (gpt-oss's o_proj, 2880 rows: 360 programs
+    of 8) leaves the SMs waiting, and a row of wider weights is more bytes to wait for (gpt-oss's bf16 q/k/v on the
+    H100: 1280 programs of 4 rows 12.8 us, 2560 of 2 rows 11.6)."""
     tiles = RowTiles(4, 512, warps=4) if glu else RowTiles(8 if in_features <= 4096 else 4, 512, fold=16)
-    while width is not None and tiles.rows > 1 and math.ceil(width / tiles.rows) * tiles.warps < MIN_WARPS:
+    min_warps = MIN_WARPS * element_size
+    while width is not None and tiles.rows > 1 and math.ceil(width / tiles.rows) * tiles.warps < min_warps:
         tiles = replace(tiles, rows=tiles.rows // 2)
     return tiles.for_element_size(element_size)
 

@@ -184,14 +184,14 @@ def test_one_token_linear_of_a_16_bit_weight_matches_reference(out, inputs, dtyp
     assert relative_error(y.float(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
-def test_one_token_tiles_leave_a_launch_a_thousand_warps():
-    """GLM-4.5-Air's dense products keep the swept tiles; narrower outputs get fewer rows a program (gpt-oss-20b's
+def test_one_token_tiles_leave_a_launch_a_thousand_warps_a_byte_of_weight():
+    """GLM-4.5-Air's FP8 dense products keep the swept tiles; narrower outputs get fewer rows a program (gpt-oss-20b's
     o_proj, 2880 rows of 4096 bf16 inputs: 360 programs of 8 rows)."""
     assert one_token_tiles(4096, False, 1, 14336).rows == 8  # q/k/v
     assert one_token_tiles(12288, False, 1, 4096).rows == 4  # o
     assert one_token_tiles(4096, True, 1, 1408) == one_token_tiles(4096, True)  # the shared expert's gate + up
-    assert one_token_tiles(2880, False, 2, 5120).rows == 4  # gpt-oss-20b's q/k/v
-    assert one_token_tiles(4096, False, 2, 2880).rows == 2  # and o
+    assert one_token_tiles(2880, False, 2, 5120).rows == 2  # gpt-oss-20b's bf16 q/k/v: 2048 warps for 2 bytes
+    assert one_token_tiles(4096, False, 2, 2880).rows == 1  # and o
     assert one_token_tiles(64, False, 2, 10).rows == 1
 
 
