@@ -257,14 +257,17 @@ CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H20
 @dataclass(frozen=True)
 class LayerOverheads:
     """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
-    issuing the copies. Measured on an H200 host (bench/NOTES.md). Resident, 2026-12-03 (fused layer kernels,
-    single-token kernels, passes run one ahead of the host): fitted to gpt-oss-20b, 53 µs a layer; -120b takes 61,
-    GLM-4.5-Air-FP8 69 with its shared expert as a routed pick (so their predictions are ~7 and ~11 % high). Misses
+    issuing the copies (bench/NOTES.md). Resident: fitted to gpt-oss-20b on an H100, 2026-12-05, 481 tok/s with the
+    split router, one-token attention products and dependent launches (40.5 µs a layer), where the 53 µs fitted on
+    the H200 on 2026-12-03 (468 tok/s; fused layer kernels, single-token kernels, passes one ahead of the host)
+    predicted that session's step before them, 420 tok/s, within 0.1 %. With that earlier step -120b took 8 µs a
+    layer more than -20b and GLM-4.5-Air-FP8 16 (its shared expert as a routed pick), so their predictions are
+    likely high by as much (not yet timed with the later step). Misses
     served on the device, whose steps wait for their tokens (63-67 µs a layer resident that way, 2026-12-02): fitted
     to gpt-oss-20b's runs at 50, 25 and 10 % of the experts (trace and uniform routing, 2026-12-01/02), all within
     10 %; experts on disk: 2026-11-29."""
 
-    resident_s: float = 0.053e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
+    resident_s: float = 0.0405e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
     # on top of these, a layer of latent attention (MLA: GLM-4.7-Flash, GLM-5): its latent kernels (latent_cache,
     # two head_products, a two-launch decode attention), 17 launches a layer in all. One fit: GLM-4.7-Flash (bf16)
     # fully resident at 182.5 tok/s (2026-12-04); charged alike to offloaded placements and to GLM-5, whose DSA

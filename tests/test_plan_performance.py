@@ -74,9 +74,12 @@ def test_gpt_oss_20b_on_h200_meets_the_floors_of_performance_md(gpt_oss_20b):
     assert resident.copy_s == 0 and resident.hit_rate == 1.0
     assert 0.6e-3 < resident.device_s < 1.0e-3  # "fully resident ≈ 0.9 ms/token"
     assert resident.memory_s > resident.compute_s
-    # what the engine measured there (bench/results/decode-gpt-oss-20b-resident-2026-12-03-ahead.json): 468
-    # tok/s, most of a step still being 24 layers of kernels rather than weight reads
-    assert resident.bound == "per-layer overhead" and resident.tok_s_low == pytest.approx(468, rel=0.1)
+    # most of a step is still 24 layers of kernels rather than weight reads
+    assert resident.bound == "per-layer overhead"
+    # what the engine measured on an H100 (bench/results/decode-gpt-oss-20b-resident-2026-12-05-h100-candidates.json)
+    h100 = replace(H200, memory_bps=CARD_MEMORY_BPS["H100"])
+    on_h100 = predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, gpt_oss_20b.total_experts), 2, h100)
+    assert on_h100.tok_s_low == pytest.approx(481, rel=0.05)
     missing = predict_decode(gpt_oss_20b, placement_with_slots(gpt_oss_20b, 4), 2, H200)
     # "all missing ≈ 23 ms/token" over PCIe; the fetch kernel moves them at its share of the link
     assert missing.copy_s == pytest.approx(23e-3 / FETCH_SHARE_OF_LINK, rel=0.03)
@@ -137,10 +140,10 @@ def test_a_broken_routing_record_is_one_clear_error(tmp_path):
 
 
 # One H200, misses served on the device, no CPU tier; share of the routed experts on the GPU -> (tok/s on the
-# replayed real routing, tok/s under uniform routing): bench/results/decode-gpt-oss-20b-resident-2026-12-02.json
-# (trace; every expert resident, so routing does not matter), -2026-12-01-merged-small-budgets.json (50 %),
-# -2026-12-02-cpu-tier-avx512.json (25 and 10 %, its runs without the tier)
-MEASURED_H200 = {1.0: (468.2, 468.2), 0.5: (120.9, 52.3), 0.25: (67.0, 39.3), 0.1: (43.1, 35.3)}
+# replayed real routing, tok/s under uniform routing): bench/results/decode-gpt-oss-20b-2026-12-01-merged-small-
+# budgets.json (50 %), -2026-12-02-cpu-tier-avx512.json (25 and 10 %, its runs without the tier). The resident
+# step has changed since its H200 runs: the H100's is the test above.
+MEASURED_H200 = {0.5: (120.9, 52.3), 0.25: (67.0, 39.3), 0.1: (43.1, 35.3)}
 H200_MEASURED_RATES = Hardware(link_bps=54.6e9, memory_bps=4.28e12, flops=790e12)  # that run's copy bandwidths
 
 
