@@ -6,6 +6,8 @@ finishes its shares last (an arrival counter) then chooses for every token, in t
 back to 0 for the next launch. So these launches share one counter a device and must not run concurrently (the
 engine routes on one stream)."""
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -17,7 +19,7 @@ BLOCK_H = 256  # inputs per product program
 _ARRIVALS: dict[torch.device, torch.Tensor] = {}
 
 
-def arrivals(device: torch.device) -> torch.Tensor:
+def _arrivals(device: torch.device) -> torch.Tensor:
     """The device's arrival counter [1] int32: 0 between launches (the last program resets it)."""
     if device not in _ARRIVALS:
         # a capture would record the zeroing instead of running it: the first launch must come before any capture
@@ -26,25 +28,35 @@ def arrivals(device: torch.device) -> torch.Tensor:
     return _ARRIVALS[device]
 
 
-def empty_shares(tokens: int, hidden: int, experts: int, device: torch.device) -> torch.Tensor:
-    """The partial sums [shares, T, E] float32 of a split product; its launch grid is (cdiv(E, BLOCK_E), shares)."""
-    return torch.empty((triton.cdiv(hidden, BLOCK_H), tokens, experts), dtype=torch.float32, device=device)
+@dataclass(frozen=True)
+class SplitLaunch:
+    """What a split router launch takes besides its own arguments: its grid (cdiv(E, BLOCK_E), shares); the partial
+    sums [shares, T, E] float32 and the arrival counter; the slot row, counter and slots [1, k] of one token's
+    lookup (`picked` standing in for those it never reads); and its constants."""
+
+    grid: tuple[int, int]
+    buffers: tuple[torch.Tensor, torch.Tensor]
+    slot_pointers: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    slots: torch.Tensor | None  # the picks' slots it fills, None where it looks nothing up
+    constants: dict
 
 
-def slot_lookup(
-    picked: torch.Tensor, experts: int, slot_row: torch.Tensor | None, uses: torch.Tensor | None
-) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """For a launch that looks one token's slots up in `slot_row` [E + 1] int64 (resident_slots.py; `uses` [] int64
-    grows by the picks with a slot), where `picked` [1, k] will hold its picks: (the slots [1, k] it fills, or None
-    where it looks nothing up; the slot row, counter and slots it takes, `picked` standing in for those it never
-    reads)."""
-    if slot_row is None:
-        return None, (picked, picked, picked)
-    assert picked.shape[0] == 1 and slot_row.shape == (experts + 1,) and slot_row.is_contiguous() \
-        and slot_row.dtype == uses.dtype == torch.int64 and uses.numel() == 1, \
-        "one token's slots from a row [E + 1] int64, counted in `uses` [] int64"
-    slots = torch.empty_like(picked)
-    return slots, (slot_row, uses, slots)
+def split_launch(
+    x: torch.Tensor, experts: int, picked: torch.Tensor, slot_row: torch.Tensor | None, uses: torch.Tensor | None
+) -> SplitLaunch:
+    """For x [T, H] routed among `experts` into `picked` [T, k]; where `slot_row` is given, one token's slots are
+    looked up in it ([E + 1] int64, resident_slots.py; `uses` [] int64 grows by the picks with a slot)."""
+    (tokens, hidden), device = x.shape, x.device
+    shares = torch.empty((triton.cdiv(hidden, BLOCK_H), tokens, experts), dtype=torch.float32, device=device)
+    slots, slot_pointers = None, (picked, picked, picked)
+    if slot_row is not None:
+        assert picked.shape[0] == 1 and slot_row.shape == (experts + 1,) and slot_row.is_contiguous() \
+            and slot_row.dtype == uses.dtype == torch.int64 and uses.numel() == 1, \
+            "one token's slots from a row [E + 1] int64, counted in `uses` [] int64"
+        slots = torch.empty_like(picked)
+        slot_pointers = (slot_row, uses, slots)
+    return SplitLaunch((triton.cdiv(experts, BLOCK_E), shares.shape[0]), (shares, _arrivals(device)), slot_pointers,
+                       slots, dict(BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, HAS_SLOTS=slot_row is not None))
 
 
 @triton.jit

@@ -10,16 +10,7 @@ import triton.language as tl
 
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.resident_slots_triton import look_up_slots
-from app.kernels.router_shares_triton import (
-    BLOCK_E,
-    BLOCK_H,
-    DECODE_TOKENS,
-    arrivals,
-    arrives_last,
-    empty_shares,
-    product_shares,
-    slot_lookup,
-)
+from app.kernels.router_shares_triton import DECODE_TOKENS, arrives_last, product_shares, split_launch
 
 ELEMENTS_PER_STEP = 32768  # weights read per loop step: few steps (3 at 32 experts), ~64 registers a thread at 16 warps
 
@@ -39,15 +30,12 @@ def run_top_k_router(
     block_e = triton.next_power_of_2(experts)
     choice = dict(K=k, BLOCK_K=triton.next_power_of_2(k), BLOCK_EXPERTS=block_e)
     if tokens <= DECODE_TOKENS:
-        shares = empty_shares(tokens, hidden, experts, x.device)
-        slots, slot_pointers = slot_lookup(picked, experts, slot_row, uses)
-        _split_router_kernel[(triton.cdiv(experts, BLOCK_E), shares.shape[0])](
-            x, weight, shares, arrivals(x.device), bias, picked, weights,
-            *slot_pointers, tokens, hidden, experts,
-            BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice, HAS_SLOTS=slot_row is not None, num_warps=4,
-            **dependent_launch(x.device),
+        split = split_launch(x, experts, picked, slot_row, uses)
+        _split_router_kernel[split.grid](
+            x, weight, *split.buffers, bias, picked, weights, *split.slot_pointers, tokens, hidden, experts,
+            **split.constants, **choice, num_warps=4, **dependent_launch(x.device),
         )
-        return picked, weights, slots
+        return picked, weights, split.slots
     assert slot_row is None, "slots are looked up at decode"
     block_h = min(triton.next_power_of_2(hidden), max(64, ELEMENTS_PER_STEP // block_e))
     _top_k_router_kernel[(tokens,)](

@@ -10,16 +10,7 @@ import triton.language as tl
 
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.resident_slots_triton import look_up_slots
-from app.kernels.router_shares_triton import (
-    BLOCK_E,
-    BLOCK_H,
-    DECODE_TOKENS,
-    arrivals,
-    arrives_last,
-    empty_shares,
-    product_shares,
-    slot_lookup,
-)
+from app.kernels.router_shares_triton import DECODE_TOKENS, arrives_last, product_shares, split_launch
 from app.kernels.sigmoid_router import SigmoidRouting
 
 
@@ -46,15 +37,12 @@ def run_sigmoid_router(
         _choice_kernel[(tokens,)](shares, correction_bias.contiguous(), picked, weights, tokens, 1, routing.scale,
                                   **choice, num_warps=1, **dependent_launch(x.device))
         return picked, weights, None
-    shares = empty_shares(tokens, hidden, experts, x.device)
-    slots, slot_pointers = slot_lookup(picked, experts, slot_row, uses)
-    _route_kernel[(triton.cdiv(experts, BLOCK_E), shares.shape[0])](
-        x, weight.contiguous(), shares, arrivals(x.device), correction_bias.contiguous(), picked, weights,
-        *slot_pointers,
-        tokens, hidden, experts, routing.scale, BLOCK_E=BLOCK_E, BLOCK_H=BLOCK_H, **choice,
-        HAS_SLOTS=slot_row is not None, num_warps=4, **dependent_launch(x.device),
+    split = split_launch(x, experts, picked, slot_row, uses)
+    _route_kernel[split.grid](
+        x, weight.contiguous(), *split.buffers, correction_bias.contiguous(), picked, weights, *split.slot_pointers,
+        tokens, hidden, experts, routing.scale, **split.constants, **choice, num_warps=4, **dependent_launch(x.device),
     )
-    return picked, weights, slots
+    return picked, weights, split.slots
 
 
 @triton.jit
