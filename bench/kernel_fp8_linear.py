@@ -11,12 +11,15 @@ the L2, as a decode step reads each layer's weights once), and `bf16_cublas` (x 
 dequantized to bf16 at load, the engine's path before this kernel: twice the bytes). Bytes = weight + scale +
 x + output, each once; floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
 `split_sweep`: T = 1, k_proj and o_proj, per-channel, over weight tiles and split-K. With --prefill instead: a
-prefill chunk (PREFILL_CHUNK tokens, and 128) of the large products, both formats, over tiles (PREFILL_SWEEP:
-tokens a tile, weight rows, inputs a step, warps, stages) against bf16 cuBLAS.
+prefill chunk (PREFILL_CHUNK tokens, and 128) of the large products, both formats: the converting kernel at its
+default tiles, then the FP8 products (fp8_prefill_triton.py, x split into two e4m3 terms: the split's launch is
+timed with each product, and alone) at their default and over tiles (PREFILL_SWEEP: tokens a tile, weight rows,
+inputs a step, warps, stages), against bf16 cuBLAS.
 """
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -27,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from app.kernels.expert_tiles import Tiles
 from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.fp8_linear import fp8_linear_torch
-from app.kernels.fp8_linear_triton import pick_tiles, run_fp8_linear
+from app.kernels.fp8_linear_triton import dense_projection, pick_tiles, run_fp8_linear
+from app.kernels.fp8_prefill_triton import prefill_tiles, run_fp8_prefill, split_activations
 from app.plan import PREFILL_CHUNK
 from bench.kernel_gpt_oss_experts import attempt, start_report
 from tests.kernels.poison import poisoned_allocations
@@ -40,11 +44,10 @@ FORMATS = {"per-channel": None, "block128": (128, 128)}
 TOKEN_COUNTS = (1, 16, 128)
 L2_EXCEEDED = 256 << 20  # bytes of weight copies a graph cycles through
 PREFILL_SHAPES = ("q_proj", "o_proj", "dense_gate")
-PREFILL_SWEEP = [(block_m, Tiles(*tiles)) for block_m, tiles in (
-    (64, (128, 64, 8, 3)), (128, (128, 64, 8, 3)), (128, (128, 128, 8, 3)), (64, (256, 64, 8, 3)),
-    (128, (256, 64, 8, 3)), (64, (128, 128, 4, 4)), (128, (64, 128, 4, 4)), (64, (128, 64, 4, 4)),
-    (128, (128, 64, 4, 4)), (256, (128, 64, 8, 3)), (128, (128, 128, 8, 4)), (128, (256, 128, 8, 3)),
-    (128, (128, 64, 8, 4)), (128, (256, 64, 8, 4)), (64, (256, 64, 4, 4)), (256, (128, 128, 8, 3)))]
+PREFILL_SWEEP = [(block_m, Tiles(*tiles), split) for block_m, tiles, split in (  # FP8 products
+    (128, (128, 128, 8, 4), 1), (64, (128, 128, 8, 4), 1), (128, (128, 128, 8, 3), 1), (64, (128, 128, 8, 3), 1),
+    (128, (128, 128, 8, 4), 2), (64, (128, 128, 8, 4), 2), (64, (128, 128, 8, 4), 4), (64, (64, 128, 4, 4), 1),
+    (64, (64, 128, 4, 4), 2), (128, (128, 64, 8, 4), 1))]
 SWEEP = [(tiles, split) for tiles in (Tiles(32, 128, 4, 4), Tiles(64, 128, 4, 4), Tiles(16, 256, 4, 3))
          for split in (1, 2, 4, 8)]
 
@@ -92,7 +95,9 @@ def time_cublas(weight, scale, block, tokens: int) -> dict:
     bf16 = dequantized(weight, scale, block)
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
     ms = do_bench(lambda: x @ bf16.T, warmup=10, rep=50, return_mode="median")
-    return {"bf16_cublas_us": ms * 1e3, "bf16_bytes_read": bf16.nbytes + x.nbytes + tokens * weight.shape[0] * 2}
+    graph_ms = do_bench_cudagraph(lambda: x @ bf16.T, rep=20, return_mode="median")
+    return {"bf16_cublas_us": ms * 1e3, "bf16_cublas_graph_us": graph_ms * 1e3,
+            "bf16_bytes_read": bf16.nbytes + x.nbytes + tokens * weight.shape[0] * 2}
 
 
 def prefill_sweep(report: dict, save) -> None:
@@ -101,25 +106,44 @@ def prefill_sweep(report: dict, save) -> None:
     for fmt, block in FORMATS.items():
         for name in PREFILL_SHAPES:
             weight, scale = make_weight(*SHAPES[name], block)
+            projection = dense_projection(weight, scale, block, weight.shape[1])
             for tokens in (PREFILL_CHUNK, 128):
                 cublas = attempt(time_cublas, weight, scale, block, tokens)
-                for block_m, tiles in [(None, None), *PREFILL_SWEEP]:
-                    chosen = None if tiles is None else (block_m, tiles, 1)
-                    row = {"format": fmt, "weight": name, "tokens": tokens, "tiles": repr(chosen) if chosen else
-                           f"default {pick_tiles(tokens, *SHAPES[name], sm_count)}", **cublas}
-                    row |= attempt(prefill_case, weight, scale, block, tokens, chosen)
+                converting = ("converting", pick_tiles(tokens, *SHAPES[name], sm_count))
+                default = f"default {prefill_tiles(tokens, *SHAPES[name], sm_count)}"
+                fp8 = [("fp8 products", tiles) for tiles in [None, *PREFILL_SWEEP]]
+                for kernel, tiles in [converting, *fp8]:
+                    row = {"format": fmt, "weight": name, "tokens": tokens, "kernel": kernel,
+                           "tiles": repr(tiles) if tiles else default, **cublas}
+                    if kernel == "converting":
+                        product = partial(run_fp8_linear, weight=weight, scale=scale, block=block, tiles=tiles)
+                    else:
+                        product = partial(run_fp8_prefill, projection=projection, tiles=tiles)
+                    row |= attempt(prefill_case, weight, scale, block, tokens, product)
                     sweep.append(row)
                     error = row.get("relative_error", row.get("error"))
-                    print(f"  prefill {fmt:11} {name:10} T={tokens} {row['tiles']:64} op {row.get('op_us', 0):6.1f} "
-                          f"us cuBLAS {row.get('bf16_cublas_us', 0):6.1f} us err {error}", flush=True)
+                    print(f"  prefill {fmt:11} {name:10} T={tokens} {kernel:12} {row['tiles']:66} "
+                          f"op {row.get('op_us', 0):6.1f} graph {row.get('graph_us', 0):6.1f} us cuBLAS "
+                          f"{row.get('bf16_cublas_us', 0):6.1f} graph {row.get('bf16_cublas_graph_us', 0):6.1f} us "
+                          f"err {error}", flush=True)
                     save()
+    x = torch.randn(PREFILL_CHUNK, SHAPES["q_proj"][1], device="cuda").bfloat16()
+    report["split_activations_graph_us"] = do_bench_cudagraph(lambda: split_activations(x), rep=20,
+                                                              return_mode="median") * 1e3
 
 
-def prefill_case(weight, scale, block, tokens: int, tiles) -> dict:
-    """`check`'s figures and the op's time (do_bench: a prefill reads each weight once per chunk, cached or not)."""
+def prefill_case(weight, scale, block, tokens: int, product) -> dict:
+    """The product's error against the float32 reference and its time: eager (do_bench; a prefill reads each weight
+    once per chunk, cached or not), and in a CUDA graph, without the host's launches between the kernels."""
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
-    ms = do_bench(lambda: run_fp8_linear(x, weight, scale, block, tiles), warmup=10, rep=50, return_mode="median")
-    return {**check(weight, scale, block, tokens, tiles), "op_us": ms * 1e3}
+    with poisoned_allocations():
+        out = product(x)
+    ref = fp8_linear_torch(x.float(), weight, scale, block)
+    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    ms = do_bench(lambda: product(x), warmup=10, rep=50, return_mode="median")
+    graph_ms = do_bench_cudagraph(lambda: product(x), rep=20, return_mode="median")
+    return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2,
+            "op_us": ms * 1e3, "graph_us": graph_ms * 1e3}
 
 
 def main(out_path: str, prefill: bool) -> None:

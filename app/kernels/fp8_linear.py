@@ -7,8 +7,9 @@ rows are gate rows then up rows: -> SiLU(gate) * up [T, out / 2], a SiLU-gated M
 `residual` [T, out] (added to the product: a residual stream's add). `fp8_linear_torch` is the reference,
 `fp8_linear` the Triton kernel, `fp8_linear_op` picks one for a device.
 
-One token is a matrix-vector product on CUDA cores (rows_times_vector_triton.py). More tokens run the expert
-kernels' matmul (glu_experts_triton.py) for one weight: weights are the M side of each product
+One token is a matrix-vector product on CUDA cores (rows_times_vector_triton.py). A prefill chunk with 16-bit x on
+FP8 tensor cores runs FP8 x FP8 products (fp8_prefill_triton.py). Other tokens run the expert kernels' matmul
+(glu_experts_triton.py) for one weight: weights are the M side of each product
 (out^T = W @ x^T), so the token side of a tile is 16 for a verify block; FP8 weights are converted in
 registers (to float16 with 16-bit activations, one instruction per two weights; float32 in the interpreter,
 whose bf16 tl.dot is wrong); a per-channel scale multiplies the float32 sums once, a block scale once per

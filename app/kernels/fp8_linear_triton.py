@@ -7,13 +7,14 @@ dense MLP 10944, shared expert 1408):
 - 1 < T ≤ 16 (a verify block) is bound by reading the weight: 16 tokens × 32 weight rows × 128 inputs per
   step, and the inputs split over several programs (split-K) until there are about two programs per SM:
   k_proj's 1024 rows make 32 row tiles, too few for 132 SMs reading 4 MB. Split partial sums are float32
-  [split, T, out] added by one more launch (`_finish_kernel`), which also applies the epilogues (a launch
+  [split, T, out] added by one more launch (finish_shares_triton.py), which also applies the epilogues (a launch
   without splits but with an epilogue writes one float32 share for it): deterministic, no atomics, a buffer of
   T × out floats per split.
-- T > 16 (prefill chunks) is bound by compute: the same kernel with 64 tokens × 128 rows × 64 inputs, no
-  split. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
-  and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold; at a 256-token
-  chunk q_proj is 26 GFLOP against 50 MB of FP8, so tensor-core tiles decide the time, not the conversion.
+- T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores it goes to
+  fp8_prefill_triton.py (x split into two e4m3 terms, FP8 x FP8 products of the stored weight). Float32 x and GPUs
+  before sm_89 take the kernel above with 64 tokens × 128 rows × 64 inputs, no split, the weights converted in
+  registers. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
+  and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
 """
 
 import math
@@ -25,6 +26,8 @@ import triton.language as tl
 
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
+from app.kernels.finish_shares_triton import finish_shares
+from app.kernels.fp8_prefill_triton import run_fp8_prefill, takes_fp8_products
 from app.kernels.glu_experts_triton import (
     NO_SCALE,
     PER_BLOCK,
@@ -64,8 +67,10 @@ def run_fp8_linear(
     tokens, in_features = x.shape
     if tokens == 1 and tiles is None:
         return run_one_token(x, weight, scale, block, glu, residual)
-    projection = _projection(weight, scale, block, in_features)
+    projection = dense_projection(weight, scale, block, in_features)
     out_features = weight.shape[0]
+    if tiles is None and takes_fp8_products(x, projection):
+        return run_fp8_prefill(x, projection, glu, residual)
     x = x.contiguous()
     if tiles is None:
         sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
@@ -94,7 +99,7 @@ def run_fp8_linear(
     return finish_shares(out, dtype, glu, residual) if finish else out
 
 
-def _projection(
+def dense_projection(
     weight: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int] | None, in_features: int
 ) -> Projection:
     out_features = weight.shape[0]
@@ -140,7 +145,7 @@ def run_one_token(
     """`fp8_linear` of x [1, in] in one launch (an unscaled weight where `scale` is None); `tiles` overrides
     `one_token_tiles`."""
     in_features = x.shape[1]
-    projection = _projection(weight, scale, block, in_features)
+    projection = dense_projection(weight, scale, block, in_features)
     width = weight.shape[0] // 2 if glu else weight.shape[0]
     assert not glu or weight.shape[0] % 2 == 0, "gate rows then as many up rows"
     assert residual is None or (residual.shape == (1, width) and residual.dtype == x.dtype)
@@ -153,25 +158,6 @@ def run_one_token(
         N=width, K=in_features,
         **projection.scale_constants(), GLU=glu, HAS_RESIDUAL=residual is not None, **tiles.constants(),
         **dependent_launch(x.device),
-    )
-    return out
-
-
-FINISH_BLOCK = 1024  # outputs per finishing program
-
-
-def finish_shares(shares: torch.Tensor, dtype: torch.dtype, glu: bool, residual: torch.Tensor | None) -> torch.Tensor:
-    """shares [S, T, N] float32 -> their sum [T, N] (SiLU(gate) * up [T, N / 2] with `glu`), plus residual, in
-    `dtype`."""
-    splits, tokens, features = shares.shape
-    width = features // 2 if glu else features
-    assert not glu or features % 2 == 0, "gate rows then as many up rows"
-    assert residual is None or (residual.shape == (tokens, width) and residual.dtype == dtype)
-    out = torch.empty((tokens, width), dtype=dtype, device=shares.device)
-    residual = residual.contiguous() if residual is not None else None
-    _finish_kernel[(tokens, triton.cdiv(width, FINISH_BLOCK))](
-        shares, out if residual is None else residual, out, splits, tokens, features, width,
-        GLU=glu, HAS_RESIDUAL=residual is not None, BLOCK=FINISH_BLOCK, num_warps=4,
     )
     return out
 
@@ -221,23 +207,3 @@ def _one_token_kernel(
     if HAS_RESIDUAL:
         y += tl.load(residual_ptr + features, mask=features < N).to(tl.float32)
     tl.store(out_ptr + features, y.to(out_ptr.dtype.element_ty), mask=features < N)
-
-
-@triton.jit
-def _finish_kernel(shares_ptr, residual_ptr, out_ptr, splits, tokens, features, width,
-                   GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    column = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = column < width
-    y = tl.zeros((BLOCK,), tl.float32)
-    up = tl.zeros((BLOCK,), tl.float32)
-    for split in range(splits):
-        row = shares_ptr + (split * tokens + token) * features
-        y += tl.load(row + column, mask=inside, other=0.0)
-        if GLU:
-            up += tl.load(row + width + column, mask=inside, other=0.0)
-    if GLU:
-        y = y * tl.sigmoid(y) * up
-    if HAS_RESIDUAL:
-        y += tl.load(residual_ptr + token * width + column, mask=inside, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * width + column, y.to(out_ptr.dtype.element_ty), mask=inside)

@@ -1,0 +1,131 @@
+"""Prefill chunks on FP8 tensor cores (fp8_prefill_triton.py) against the float32 torch reference, in Triton's
+interpreter: x's two e4m3 terms, the products of both scale formats at the default and at tiles that leave tails,
+the epilogues, and which chunks take this path."""
+
+import pytest
+import torch
+
+from app.kernels import fp8_bytes
+from app.kernels import fp8_prefill_triton as prefill
+from app.kernels.expert_tiles import Tiles
+from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
+from app.kernels.fp8_linear_triton import dense_projection
+from app.kernels.fp8_prefill_triton import (
+    LO_LIFT,
+    prefill_tiles,
+    run_fp8_prefill,
+    split_activations,
+    takes_fp8_products,
+)
+from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_fp8_linear import FORMATS, random_fp8_linear
+from tests.kernels.test_gpt_oss_experts import relative_error
+
+# a product's error against float32 x: two e4m3 terms hold about bf16's 8 bits (one term alone gives 3e-2); rounded
+# to bf16 (which the interpreter does by truncation) the output doubles it
+PRODUCT_ERROR = 2e-3
+ROUNDED_ERROR = 4e-3
+
+
+def split_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch's own float32 -> e4m3 conversion (round to nearest, ties to even) of the module docstring's terms."""
+    x = x.float()
+    scale = x.abs().amax(dim=1).clamp_min(1e-30) / 448
+    scaled = x / scale[:, None]
+    hi = scaled.to(torch.float8_e4m3fn)
+    lo = ((scaled - hi.float()) * LO_LIFT.value).to(torch.float8_e4m3fn)
+    return hi, lo, scale
+
+
+def awkward_activations(dtype: torch.dtype) -> torch.Tensor:
+    """Rows of very different sizes, a row of zeros, values at ties of e4m3's grid, and a long row's tail."""
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 1500, generator=generator) * torch.tensor([1.0, 1e-4, 300.0, 1.0, 1.0, 1.0])[:, None]
+    x[1, :700] *= 1e-3  # subnormal e4m3 terms beside normal ones
+    x[3] = 0.0
+    x[4, :8] = torch.tensor([448.0, 68.0, 127.1, -72.0, 50.0, 1e-5, -448.0, 3.0])  # 68, 50: ties between neighbours
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_split_terms_are_the_nearest_e4m3_values(dtype):
+    x = awkward_activations(dtype)
+    with poisoned_allocations():
+        hi, lo, scale = split_activations(x)
+    ref_hi, ref_lo, ref_scale = split_reference(x)
+    assert torch.equal(scale, ref_scale)
+    assert torch.equal(hi.float(), ref_hi.float()) and torch.equal(lo.float(), ref_lo.float())  # -0 == 0
+    rebuilt = scale[:, None] * (hi.float() + lo.float() / LO_LIFT.value)
+    sizes = x.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    assert ((rebuilt - x.float()).abs() / sizes).max() < 2**-9
+
+
+# chunk tokens and tiles: a token tail (70 of 64), a row tail (136 of 128), inputs that end inside a step and a
+# block column (200: block32, and the per-channel step of 128), block32's steps of 32, splits of the inputs (the
+# last one short: 200 inputs in steps of 64 as 3 splits of 128, 128 and none; 160 as 2 of 96 and 64)
+@pytest.mark.parametrize(("tokens", "out", "inputs", "fmt", "tiles"), [
+    (70, 136, 200, "per-channel", None),
+    (70, 136, 200, "block128", None),
+    (40, 72, 224, "block32", None),
+    (70, 136, 200, "per-channel", (32, Tiles(64, 64, warps=4, stages=2), 3)),
+    (17, 96, 160, "block32", (32, Tiles(32, 32, warps=4, stages=2), 2)),
+    (33, 64, 384, "block128", (64, Tiles(64, 128, warps=4, stages=2), 3)),
+])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_products_match_float32_reference(tokens, out, inputs, fmt, tiles, dtype, monkeypatch):
+    generator = torch.Generator().manual_seed(tokens + out + inputs)
+    weight, scale = random_fp8_linear(out, inputs, fmt, generator)
+    x = torch.randn(tokens, inputs, generator=generator).to(dtype)
+    projection = dense_projection(weight, scale, FORMATS[fmt], inputs)
+    # float32 shares before the finishing launch's rounding, so that the products' own error shows
+    monkeypatch.setattr(prefill, "finish_shares", lambda shares, dtype, glu, residual: shares.sum(dim=0))
+    with poisoned_allocations():
+        y = run_fp8_prefill(x, projection, residual=torch.zeros(tokens, out, dtype=dtype), tiles=tiles)
+    assert y.dtype == torch.float32
+    assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
+
+
+def test_prefill_tiles_give_every_sm_a_program():
+    # GLM-4.5-Air-FP8 on 132 SMs: q_proj's 96 row tiles take two token tiles of 64 at T = 128, one of 128 at 256
+    assert prefill_tiles(128, 12288, 4096, 132) == (64, Tiles(128, 128, warps=8, stages=4), 1)
+    assert prefill_tiles(256, 12288, 4096, 132)[::2] == (128, 1)
+    # o_proj's 32 row tiles: two token tiles, then its 12288 inputs in 4 splits of 3072
+    assert prefill_tiles(128, 4096, 12288, 132)[::2] == (64, 4)
+    assert prefill_tiles(17, 4096, 4096, 132)[::2] == (64, 2)  # splits of 2048 inputs at the least
+
+
+@pytest.mark.parametrize(("glu", "with_residual"), [(True, False), (False, True), (True, True)])
+def test_epilogues_after_fp8_products_match_reference(glu, with_residual):
+    generator = torch.Generator().manual_seed(5 + glu)
+    weight, scale = random_fp8_linear(144, 256, "block128", generator)
+    x = torch.randn(33, 256, generator=generator).bfloat16()
+    residual = torch.randn(33, 72 if glu else 144, generator=generator).bfloat16() if with_residual else None
+    with poisoned_allocations():
+        y = fp8_linear(x, weight, scale, FORMATS["block128"], glu=glu, residual=residual)
+    ref = fp8_linear_torch(x.float(), weight, scale, FORMATS["block128"], glu=glu,
+                           residual=None if residual is None else residual.float())
+    assert y.dtype == torch.bfloat16 and y.shape == ref.shape
+    assert relative_error(y, ref) < ROUNDED_ERROR
+
+
+def test_prefill_chunk_without_epilogues_comes_in_x_dtype():
+    generator = torch.Generator().manual_seed(6)
+    weight, scale = random_fp8_linear(40, 128, "per-channel", generator)
+    x = torch.randn(20, 128, generator=generator).half()
+    with poisoned_allocations():
+        y = fp8_linear(x, weight, scale)
+    assert y.dtype == torch.float16 and y.shape == (20, 40)
+    assert relative_error(y, fp8_linear_torch(x.float(), weight, scale)) < ROUNDED_ERROR
+
+
+def test_only_16_bit_prefill_chunks_of_fp8_weights_on_fp8_tensor_cores_take_the_products(monkeypatch):
+    generator = torch.Generator().manual_seed(2)
+    weight, scale = random_fp8_linear(64, 128, "per-channel", generator)
+    projection = dense_projection(weight, scale, None, 128)
+    chunk = torch.randn(17, 128, generator=generator)
+    assert takes_fp8_products(chunk.bfloat16(), projection) and takes_fp8_products(chunk.half(), projection)
+    assert not takes_fp8_products(chunk, projection)  # float32 x keeps float32 products
+    assert not takes_fp8_products(chunk[:16].bfloat16(), projection)  # a verify block
+    assert not takes_fp8_products(chunk.bfloat16(), dense_projection(weight.float(), None, None, 128))
+    monkeypatch.setenv(fp8_bytes.FORCE, "1")  # as before sm_89: no FP8 tensor cores
+    assert not takes_fp8_products(chunk.bfloat16(), projection)
