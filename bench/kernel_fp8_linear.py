@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from app.kernels.expert_tiles import Tiles
 from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.fp8_linear import fp8_linear_torch
-from app.kernels.fp8_linear_triton import dense_projection, pick_tiles, run_fp8_linear
-from app.kernels.fp8_prefill_triton import prefill_tiles, run_fp8_prefill, split_activations
+from app.kernels.fp8_linear_triton import pick_tiles, prefill_tiles, run_fp8_linear
+from app.kernels.fp8_products_triton import split_activations
 from app.plan import PREFILL_CHUNK
 from bench.kernel_gpt_oss_experts import attempt, start_report
 from tests.kernels.poison import poisoned_allocations
@@ -106,7 +106,6 @@ def prefill_sweep(report: dict, save) -> None:
     for fmt, block in FORMATS.items():
         for name in PREFILL_SHAPES:
             weight, scale = make_weight(*SHAPES[name], block)
-            projection = dense_projection(weight, scale, block, weight.shape[1])
             for tokens in (PREFILL_CHUNK, 128):
                 cublas = attempt(time_cublas, weight, scale, block, tokens)
                 converting = ("converting", pick_tiles(tokens, *SHAPES[name], sm_count))
@@ -115,10 +114,8 @@ def prefill_sweep(report: dict, save) -> None:
                 for kernel, tiles in [converting, *fp8]:
                     row = {"format": fmt, "weight": name, "tokens": tokens, "kernel": kernel,
                            "tiles": repr(tiles) if tiles else default, **cublas}
-                    if kernel == "converting":
-                        product = partial(run_fp8_linear, weight=weight, scale=scale, block=block, tiles=tiles)
-                    else:
-                        product = partial(run_fp8_prefill, projection=projection, tiles=tiles)
+                    product = partial(run_fp8_linear, weight=weight, scale=scale, block=block, tiles=tiles,
+                                      fp8_products=kernel != "converting")
                     row |= attempt(prefill_case, weight, scale, block, tokens, product)
                     sweep.append(row)
                     error = row.get("relative_error", row.get("error"))

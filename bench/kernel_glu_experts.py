@@ -1,6 +1,6 @@
 """The fused GLM expert kernels (glu_experts_triton.py) on a CUDA GPU, at GLM-4.5-Air's real shapes.
 
-    python3 bench/kernel_glu_experts.py OUT.json
+    python3 bench/kernel_glu_experts.py OUT.json [--prefill]
 
 All 128 experts of a layer sit in cache slots (hidden 4096, moe_intermediate 1408), each token routes to
 8 of them; T = 1 (decode), 16 (a verify block) and 128 (a prefill chunk). Weight formats: FP8 with one
@@ -11,11 +11,13 @@ reference (poisoned allocations, skipped picks), then timed as in kernel_gpt_oss
 Bandwidth = bytes of the experts the tokens route to (weights and scales, each read once) / time,
 against a device-to-device copy (bytes read + written) measured in the same run. T = 1 also sweeps tile
 sizes and the product dtype (FP8 weights in float16 or bf16) in the Air format; its fastest tiles per
-projection run once more as the `tuned` case, in every format.
+projection run once more as the `tuned` case, in every format. With --prefill instead: prefill chunks (128 and
+PREFILL_CHUNK tokens) of both FP8 formats, the default's FP8 products against the same tiles converting the weights.
 """
 
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.glu_experts_triton import LaunchConfig, Tiles, pick_config, run_experts
+from app.plan import PREFILL_CHUNK
 from bench import kernel_gpt_oss_experts as gpt_oss_bench
 from bench.kernel_gpt_oss_experts import (
     attempt,
@@ -38,6 +41,7 @@ from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
 TOKEN_COUNTS = (1, 16, 128)
+PREFILL_TOKENS = (128, PREFILL_CHUNK)
 FORMATS = {"fp8-per-channel": None, "fp8-block128": (128, 128), "bf16": None}
 # gate_up tiles hold features / 2 gate rows and as many up rows
 SWEEP = [LaunchConfig(16, Tiles(64, 128), Tiles(64, 128), fp16_products=False)] + [
@@ -137,9 +141,33 @@ def fastest_config(sweep: list[dict]) -> LaunchConfig:
     return LaunchConfig(16, gate_up.gate_up, down.down, gate_up.fp16_products)
 
 
-def main(out_path: str) -> None:
+def prefill(report: dict, save) -> None:
+    """Prefill chunks of FP8 experts: the default's FP8 products (x and the activations as two e4m3 terms) against
+    the same tiles converting the weights to float16 in registers."""
+    for fmt in ("fp8-per-channel", "fp8-block128"):
+        arenas = make_arenas(fmt)
+        for tokens in PREFILL_TOKENS:
+            default = pick_config(tokens * PICKS)
+            for config in (default, replace(default, fp8_products=False)):
+                case = {"format": fmt, "tokens": tokens, "config": repr(config), "fp8_products": config.fp8_products}
+                case["check"] = attempt(check, arenas, fmt, tokens, config)
+                case |= attempt(time_case, arenas, fmt, tokens, config)
+                report["cases"].append(case)
+                print(f"{fmt:15} T={tokens:3} fp8 products {config.fp8_products!s:5} {case.get('check')} "
+                      f"op={case.get('op_us', 0):.1f}us graph={case.get('graph_us', 0):.1f}us "
+                      f"kernels={case.get('kernels_us', case.get('error'))}", flush=True)
+                save()
+        del arenas
+        torch.cuda.empty_cache()
+
+
+def main(out_path: str, prefill_only: bool) -> None:
     report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
     copy = report["copy_bandwidth"]
+    if prefill_only:
+        prefill(report, save)
+        save()
+        return
     tuned = None
     for fmt in FORMATS:
         arenas = make_arenas(fmt)
@@ -171,4 +199,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], "--prefill" in sys.argv[2:])

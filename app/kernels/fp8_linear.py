@@ -8,7 +8,7 @@ rows are gate rows then up rows: -> SiLU(gate) * up [T, out / 2], a SiLU-gated M
 `fp8_linear` the Triton kernel, `fp8_linear_op` picks one for a device.
 
 One token is a matrix-vector product on CUDA cores (rows_times_vector_triton.py). A prefill chunk with 16-bit x on
-FP8 tensor cores runs FP8 x FP8 products (fp8_prefill_triton.py). Other tokens run the expert kernels' matmul
+FP8 tensor cores runs FP8 x FP8 products (fp8_products_triton.py). Other tokens run the expert kernels' matmul
 (glu_experts_triton.py) for one weight: weights are the M side of each product
 (out^T = W @ x^T), so the token side of a tile is 16 for a verify block; FP8 weights are converted in
 registers (to float16 with 16-bit activations, one instruction per two weights; float32 in the interpreter,
@@ -60,12 +60,14 @@ def fp8_linear(
     tiles: tuple | None = None,
     glu: bool = False,
     residual: torch.Tensor | None = None,
+    fp8_products: bool | None = None,
 ) -> torch.Tensor:
-    """`fp8_linear_torch` in Triton; `tiles` (token side, expert_tiles.Tiles, split-K) overrides `pick_tiles`."""
+    """`fp8_linear_torch` in Triton; `tiles` (token side, expert_tiles.Tiles, split-K) overrides the kernel's choice,
+    `fp8_products` whether a chunk runs on FP8 tensor cores (None: wherever it can)."""
     # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
     from app.kernels.fp8_linear_triton import run_fp8_linear
 
-    return run_fp8_linear(x, weight, scale, block, tiles, glu, residual)
+    return run_fp8_linear(x, weight, scale, block, tiles, glu, residual, fp8_products)
 
 
 def one_token_linear(

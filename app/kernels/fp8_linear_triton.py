@@ -10,11 +10,12 @@ dense MLP 10944, shared expert 1408):
   [split, T, out] added by one more launch (finish_shares_triton.py), which also applies the epilogues (a launch
   without splits but with an epilogue writes one float32 share for it): deterministic, no atomics, a buffer of
   T × out floats per split.
-- T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores it goes to
-  fp8_prefill_triton.py (x split into two e4m3 terms, FP8 x FP8 products of the stored weight). Float32 x and GPUs
-  before sm_89 take the kernel above with 64 tokens × 128 rows × 64 inputs, no split, the weights converted in
-  registers. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1
-  and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
+- T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores the same kernel takes
+  x split once into two e4m3 terms and multiplies them with the stored weight on FP8 tensor cores
+  (fp8_products_triton.py), at 128 × 128 tiles with fewer tokens a tile and split-K until every SM has a program
+  (`prefill_tiles`). Float32 x and GPUs before sm_89 take 64 tokens × 128 rows × 64 inputs, no split, the weights
+  converted in registers. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight
+  rather than 1 and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
 """
 
 import math
@@ -27,7 +28,7 @@ import triton.language as tl
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
 from app.kernels.finish_shares_triton import finish_shares
-from app.kernels.fp8_prefill_triton import run_fp8_prefill, takes_fp8_products
+from app.kernels.fp8_products_triton import fp8_products, runs_fp8_products, split_activations
 from app.kernels.glu_experts_triton import (
     NO_SCALE,
     PER_BLOCK,
@@ -42,6 +43,7 @@ from app.kernels.rows_times_vector_triton import RowTiles, gated_rows_times_vect
 PROGRAMS_PER_SM = 2
 MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132, for 1-byte weights
 MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
+MIN_SPLIT_INPUTS = 2048  # inputs a split of a prefill chunk's FP8 products reads at the least
 
 
 def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
@@ -55,6 +57,22 @@ def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) 
     return DECODE_TOKENS, tiles, max(split, 1)
 
 
+def prefill_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
+    """(tokens a tile, weight tiles, split-K) for a chunk on FP8 products: 128 x 128 tiles (64 tokens for a chunk of
+    64 or fewer), then half the tokens a tile and splits of the inputs (MIN_SPLIT_INPUTS or more each) until the
+    launch has a program for every SM (GLM-4.5-Air's o_proj: 4096 rows are 32 row tiles)."""
+    block_m, tiles, split = 128, Tiles(128, 128, warps=8, stages=4), 1
+
+    def programs() -> int:
+        return triton.cdiv(out_features, tiles.features) * triton.cdiv(tokens, block_m) * split
+
+    if tokens <= 64 or programs() < sm_count:
+        block_m = 64
+    while programs() < sm_count and in_features >= 2 * split * MIN_SPLIT_INPUTS:
+        split *= 2
+    return block_m, tiles, split
+
+
 def run_fp8_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -63,21 +81,23 @@ def run_fp8_linear(
     tiles: tuple[int, Tiles, int] | None = None,
     glu: bool = False,
     residual: torch.Tensor | None = None,
+    fp8_products: bool | None = None,
 ) -> torch.Tensor:
+    """`fp8_linear`; `fp8_products` forces FP8 products (True) or the converting products (False), else they run
+    where `runs_fp8_products`."""
     tokens, in_features = x.shape
     if tokens == 1 and tiles is None:
         return run_one_token(x, weight, scale, block, glu, residual)
     projection = dense_projection(weight, scale, block, in_features)
     out_features = weight.shape[0]
-    if tiles is None and takes_fp8_products(x, projection):
-        return run_fp8_prefill(x, projection, glu, residual)
+    fp8 = runs_fp8_products(x, weight) if fp8_products is None else fp8_products
     x = x.contiguous()
     if tiles is None:
         sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        tiles = pick_tiles(tokens, out_features, in_features, sm_count)
+        tiles = (prefill_tiles if fp8 else pick_tiles)(tokens, out_features, in_features, sm_count)
     block_m, weight_tiles, split = tiles
-    dtype, half = x.dtype, x.dtype != torch.float32
-    x = tile_inputs(x, projection, half)
+    dtype, half = x.dtype, x.dtype != torch.float32 and not fp8
+    x_terms = split_activations(x) if fp8 else (tile_inputs(x, projection, half),) * 3  # (hi, lo, s) or x
     step = projection.step(weight_tiles)
     # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
     steps = triton.cdiv(in_features, step)
@@ -90,9 +110,9 @@ def run_fp8_linear(
         out = torch.empty((tokens, out_features), dtype=dtype, device=x.device)
     grid = (triton.cdiv(out_features, weight_tiles.features), triton.cdiv(tokens, block_m), split)
     _fp8_linear_kernel[grid](
-        x, *projection.typed_pointers(), out, tokens, out_features, in_features, per_split,
+        *x_terms, *projection.typed_pointers(), out, tokens, out_features, in_features, per_split,
         **projection.constants(half=half),
-        F32_INPUTS=dtype == torch.float32, UPCAST=INTERPRETED,
+        F32_INPUTS=dtype == torch.float32, UPCAST=INTERPRETED, FP8=fp8,
         BLOCK_M=block_m, BLOCK_N=weight_tiles.features, BLOCK_K=step,
         num_warps=weight_tiles.warps, num_stages=weight_tiles.stages,
     )
@@ -164,23 +184,27 @@ def run_one_token(
 
 @triton.jit
 def _fp8_linear_kernel(
-    x_ptr, weight_ptr, scale_ptr, out_ptr, tokens, n_size, k_size, k_per_split,
+    x_ptr, lo_ptr, token_scale_ptr, weight_ptr, scale_ptr, out_ptr, tokens, n_size, k_size, k_per_split,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (row tile, token tile, split): W[rows, split's inputs] @ x[tokens, split's inputs]^T into
-    out[split, tokens, rows] (out is [tokens, rows] in x's dtype when there is one split)."""
+    out[split, tokens, rows] (out is [tokens, rows] in x's dtype when there is one split). With FP8, x_ptr, lo_ptr
+    and token_scale_ptr are x's two e4m3 terms and scales (fp8_products_triton.py); else the first is x."""
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # token rows of x
     split = tl.program_id(2)
     row_ok, used = features < n_size, rows < tokens
     w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, features, n_size, k_size, SCALES, SCALE_ROWS, SCALE_COLS)
     k_begin = split * k_per_split
-    acc = _expert_matmul(
-        x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, tl.minimum(k_begin + k_per_split, k_size), k_size,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
-    )
+    k_end = tl.minimum(k_begin + k_per_split, k_size)
+    if FP8:
+        acc = fp8_products(x_ptr, lo_ptr, token_scale_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
+                           SCALES, SCALE_COLS, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _expert_matmul(x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
+                             SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K)
     out_ptrs = out_ptr + (split * tokens + rows[None, :]).to(tl.int64) * n_size + features[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=used[None, :] & row_ok[:, None])
 

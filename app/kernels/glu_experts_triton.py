@@ -9,7 +9,9 @@ per two weights instead of three per weight; e4m3 values are exact there). A per
 multiplies the products once in the epilogue; a block scale [S, ceil(out/b0), ceil(in/b1)] multiplies its
 step's weights in registers (steps never straddle a block column), so that the products add up in the tensor
 cores' accumulator. Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be
-as small as 16 at decode.
+as small as 16 at decode. A prefill chunk of FP8 experts with 16-bit activations where FP8 tensor cores are
+(`LaunchConfig.fp8_products`) skips the conversion: x and the activations each split once into two e4m3 terms, FP8 x
+FP8 products of the stored weights (fp8_products_triton.py).
 
 - gate_up: a tile's rows are gate rows and the same features' up rows, read in one loop and one
   product; SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
@@ -37,6 +39,7 @@ from app.kernels.expert_tiles import (
     tile_rows,
 )
 from app.kernels.fp8_bytes import for_kernels, weights_as
+from app.kernels.fp8_products_triton import fp8_products, runs_fp8_products, split_activations
 from app.kernels.glu_experts import runs_one_token
 from app.kernels.glu_experts_one_token import run_one_token
 from app.kernels.rows_times_vector_triton import RowTiles
@@ -52,7 +55,7 @@ SCALE_LIFT = tl.constexpr(256.0)
 
 def pick_config(num_pairs: int) -> LaunchConfig:
     pairs_per_tile = 16 if num_pairs <= 256 else 32
-    return LaunchConfig(pairs_per_tile, Tiles(64, 128), Tiles(64, 128), fp16_products=True)
+    return LaunchConfig(pairs_per_tile, Tiles(64, 128), Tiles(64, 128), fp16_products=True, fp8_products=True)
 
 
 @dataclass(frozen=True)
@@ -161,23 +164,26 @@ def run_from_table(
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
     shared = dict(F32_INPUTS=hidden.dtype == torch.float32, UPCAST=INTERPRETED, BLOCK_M=config.pairs_per_tile,
                   COLUMNS=len(names))
-    half = config.fp16_products and hidden.dtype != torch.float32
+    fp8 = config.fp8_products and runs_fp8_products(hidden, gate.weight)
+    half = config.fp16_products and hidden.dtype != torch.float32 and not fp8
     inputs = tile_inputs(hidden, gate, half)  # float16 inputs come with float16 activations
+    x_terms = split_activations(hidden) if fp8 else (inputs, inputs, inputs)  # (hi, lo, scale) or x three times
 
     activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
     tiles = config.gate_up
     _gate_up_kernel[(plan.max_tiles, triton.cdiv(width, tiles.features // 2))](
-        inputs, *gate.typed_pointers(), table, *tiles_in, activations, hidden_size, width, picks,
+        *x_terms, *gate.typed_pointers(), table, *tiles_in, activations, hidden_size, width, picks,
         *gate.table_columns(names, "gate_proj"), *up.table_columns(names, "up_proj"),
-        **shared, **gate.constants(half), BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
+        **shared, **gate.constants(half), FP8=fp8, BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
     )
+    activation_terms = split_activations(activations) if fp8 else (activations, activations, activations)
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
-        activations, *down.typed_pointers(), table, weights, *tiles_in, per_pick, hidden_size, width,
+        *activation_terms, *down.typed_pointers(), table, weights, *tiles_in, per_pick, hidden_size, width,
         *down.table_columns(names, "down_proj"),
-        **shared, **down.constants(half), BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
+        **shared, **down.constants(half), FP8=fp8, BLOCK_N=tiles.features, BLOCK_K=down.step(tiles),
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return sum_picks(per_pick, rows, hidden.dtype)
@@ -270,14 +276,15 @@ def _gate_and_up(table_ptr, row, gate_column, gate_scale_column, up_column, up_s
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, gate_ptr, gate_scale_ptr, table_ptr,
+    hidden_ptr, lo_ptr, token_scale_ptr, gate_ptr, gate_scale_ptr, table_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr, hidden_size, width, picks,
     gate_column, gate_scale_column, up_column, up_scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, COLUMNS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr, COLUMNS: tl.constexpr,
     ELEMENT_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """A tile's rows are BLOCK_N / 2 gate rows, then the same features' up rows: one product reads both."""
+    """A tile's rows are BLOCK_N / 2 gate rows, then the same features' up rows: one product reads both. With FP8,
+    hidden_ptr, lo_ptr and token_scale_ptr are x's terms (fp8_products_triton.py); else the first is x."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
@@ -288,10 +295,14 @@ def _gate_up_kernel(
     weight_ptr, scale_ptr = _gate_and_up(table_ptr, row, gate_column, gate_scale_column, up_column, up_scale_column,
                                          is_up, gate_ptr, gate_scale_ptr, COLUMNS, SCALES, ELEMENT_BYTES)
     w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS)
-    acc = _expert_matmul(
-        hidden_ptr, tokens, used, w_rows, s_rows, features < width, 0, hidden_size, hidden_size,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
-    )
+    if FP8:
+        acc = fp8_products(hidden_ptr, lo_ptr, token_scale_ptr, tokens, used, w_rows, s_rows, features < width, 0,
+                           hidden_size, hidden_size, SCALES, SCALE_COLS, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _expert_matmul(
+            hidden_ptr, tokens, used, w_rows, s_rows, features < width, 0, hidden_size, hidden_size,
+            SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
     # [BLOCK_N, M] -> [2, BLOCK_N / 2, M] -> [BLOCK_N / 2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N // 2, BLOCK_M)), (1, 2, 0)))
     activation = gate * tl.sigmoid(gate) * up
@@ -302,13 +313,14 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, table_ptr, routing_ptr,
+    activations_ptr, lo_ptr, activation_scale_ptr, weight_ptr, scale_ptr, table_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
     weight_column, scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
-    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, COLUMNS: tl.constexpr,
+    F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr, COLUMNS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """With FP8, activations_ptr, lo_ptr and activation_scale_ptr are the activations' terms (as in gate_up)."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
@@ -317,10 +329,14 @@ def _down_kernel(
     weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
     scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
     w_rows, s_rows = _row_pointers(weights, scales, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS)
-    acc = _expert_matmul(
-        activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, 0, width, width,
-        SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
-    )
+    if FP8:
+        acc = fp8_products(activations_ptr, lo_ptr, activation_scale_ptr, positions, used, w_rows, s_rows,
+                           features < hidden_size, 0, width, width, SCALES, SCALE_COLS, BLOCK_M, BLOCK_N, BLOCK_K)
+    else:
+        acc = _expert_matmul(
+            activations_ptr, positions, used, w_rows, s_rows, features < hidden_size, 0, width, width,
+            SCALES, SCALE_COLS, F32_INPUTS, UPCAST, HALF, BLOCK_M, BLOCK_N, BLOCK_K,
+        )
     routing = tl.load(routing_ptr + pairs, mask=used, other=0.0)
     tl.store(
         per_pick_ptr + pairs[None, :] * hidden_size + features[:, None], acc * routing.to(tl.float32)[None, :],

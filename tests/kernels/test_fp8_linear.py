@@ -68,13 +68,14 @@ def test_bfloat16_inputs_give_bfloat16_close_to_float32():
 
 @pytest.mark.parametrize("fmt", ["per-channel", "block32"])
 def test_bfloat16_prefill_takes_float16_inputs_saturated(fmt):
-    """A prefill chunk converts bf16 x to float16 once: values past float16's range saturate, as in the products."""
+    """Where the weights are converted (no FP8 tensor cores), a prefill chunk converts bf16 x to float16 once: values
+    past float16's range saturate, as in the products."""
     generator = torch.Generator().manual_seed(8)
     weight, scale = random_fp8_linear(40, 96, fmt, generator)
     x = torch.randn(20, 96, generator=generator).bfloat16()
     x[3, 5], x[11, 70] = 1e6, -3e5
     with poisoned_allocations():
-        y = fp8_linear(x, weight, scale, FORMATS[fmt], PREFILL)
+        y = fp8_linear(x, weight, scale, FORMATS[fmt], PREFILL, fp8_products=False)
     assert y.dtype == torch.bfloat16
     expected = fp8_linear_torch(x.float().clamp(-65504.0, 65504.0), weight, scale, FORMATS[fmt])
     assert relative_error(y, expected) < 1e-2
@@ -89,7 +90,7 @@ def test_float16_products_keep_small_block_scales(scale_factor):
     scale = scale * scale_factor
     x = torch.randn(20, 256, generator=generator).half()
     with poisoned_allocations():
-        y = fp8_linear(x, weight, scale, (32, 32), PREFILL)
+        y = fp8_linear(x, weight, scale, (32, 32), PREFILL, fp8_products=False)
     assert y.dtype == torch.float16
     assert relative_error(y.float(), fp8_linear_torch(x.float(), weight, scale, (32, 32))) < 1e-3
 

@@ -8,7 +8,7 @@ from app.engine.layers.linear import Fp8Weight
 from app.engine.loader import load_model
 from app.kernels import fp8_bytes
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
-from app.kernels.fp8_prefill_triton import split_activations
+from app.kernels.fp8_products_triton import split_activations
 from app.model_folder import ModelFolder
 from tests.fixtures.tiny_glm import write_tiny_glm
 from tests.kernels.poison import poisoned_allocations
@@ -42,7 +42,7 @@ def test_bfloat16_kernel_matches_float32_reference(shape, fmt, tokens):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_compiled_split_of_a_prefill_chunk_gives_the_nearest_e4m3_terms(dtype):
-    """The split's rounding is float32 arithmetic that a compiler must not fold away (fp8_prefill_triton.py)."""
+    """The split's rounding is float32 arithmetic that a compiler must not fold away (fp8_products_triton.py)."""
     x = awkward_activations(dtype).cuda()
     with poisoned_allocations():
         hi, lo, scale = split_activations(x)

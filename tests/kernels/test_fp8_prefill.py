@@ -1,22 +1,15 @@
-"""Prefill chunks on FP8 tensor cores (fp8_prefill_triton.py) against the float32 torch reference, in Triton's
-interpreter: x's two e4m3 terms, the products of both scale formats at the default and at tiles that leave tails,
-the epilogues, and which chunks take this path."""
+"""Prefill chunks on FP8 tensor cores (fp8_products_triton.py, fp8_linear_triton.py) against the float32 torch
+reference, in Triton's interpreter: x's two e4m3 terms, the dense products of both scale formats at the default and
+at tiles that leave tails or split the inputs, the epilogues, the tile rule, and which chunks take this path."""
 
 import pytest
 import torch
 
-from app.kernels import fp8_bytes
-from app.kernels import fp8_prefill_triton as prefill
+from app.kernels import fp8_bytes, fp8_linear_triton
 from app.kernels.expert_tiles import Tiles
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
-from app.kernels.fp8_linear_triton import dense_projection
-from app.kernels.fp8_prefill_triton import (
-    LO_LIFT,
-    prefill_tiles,
-    run_fp8_prefill,
-    split_activations,
-    takes_fp8_products,
-)
+from app.kernels.fp8_linear_triton import prefill_tiles, run_fp8_linear
+from app.kernels.fp8_products_triton import LO_LIFT, runs_fp8_products, split_activations
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_fp8_linear import FORMATS, random_fp8_linear
 from tests.kernels.test_gpt_oss_experts import relative_error
@@ -76,11 +69,11 @@ def test_fp8_products_match_float32_reference(tokens, out, inputs, fmt, tiles, d
     generator = torch.Generator().manual_seed(tokens + out + inputs)
     weight, scale = random_fp8_linear(out, inputs, fmt, generator)
     x = torch.randn(tokens, inputs, generator=generator).to(dtype)
-    projection = dense_projection(weight, scale, FORMATS[fmt], inputs)
     # float32 shares before the finishing launch's rounding, so that the products' own error shows
-    monkeypatch.setattr(prefill, "finish_shares", lambda shares, dtype, glu, residual: shares.sum(dim=0))
+    monkeypatch.setattr(fp8_linear_triton, "finish_shares", lambda shares, dtype, glu, residual: shares.sum(dim=0))
     with poisoned_allocations():
-        y = run_fp8_prefill(x, projection, residual=torch.zeros(tokens, out, dtype=dtype), tiles=tiles)
+        y = run_fp8_linear(x, weight, scale, FORMATS[fmt], tiles, residual=torch.zeros(tokens, out, dtype=dtype),
+                           fp8_products=True)
     assert y.dtype == torch.float32
     assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
 
@@ -120,12 +113,11 @@ def test_prefill_chunk_without_epilogues_comes_in_x_dtype():
 
 def test_only_16_bit_prefill_chunks_of_fp8_weights_on_fp8_tensor_cores_take_the_products(monkeypatch):
     generator = torch.Generator().manual_seed(2)
-    weight, scale = random_fp8_linear(64, 128, "per-channel", generator)
-    projection = dense_projection(weight, scale, None, 128)
+    weight, _ = random_fp8_linear(64, 128, "per-channel", generator)
     chunk = torch.randn(17, 128, generator=generator)
-    assert takes_fp8_products(chunk.bfloat16(), projection) and takes_fp8_products(chunk.half(), projection)
-    assert not takes_fp8_products(chunk, projection)  # float32 x keeps float32 products
-    assert not takes_fp8_products(chunk[:16].bfloat16(), projection)  # a verify block
-    assert not takes_fp8_products(chunk.bfloat16(), dense_projection(weight.float(), None, None, 128))
+    assert runs_fp8_products(chunk.bfloat16(), weight) and runs_fp8_products(chunk.half(), weight)
+    assert not runs_fp8_products(chunk, weight)  # float32 x keeps float32 products
+    assert not runs_fp8_products(chunk[:16].bfloat16(), weight)  # a verify block
+    assert not runs_fp8_products(chunk.bfloat16(), weight.bfloat16())
     monkeypatch.setenv(fp8_bytes.FORCE, "1")  # as before sm_89: no FP8 tensor cores
-    assert not takes_fp8_products(chunk.bfloat16(), projection)
+    assert not runs_fp8_products(chunk.bfloat16(), weight)

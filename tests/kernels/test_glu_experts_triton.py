@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from app.kernels import glu_experts_triton
+from app.kernels import fp8_products_triton, glu_experts_triton
 from app.kernels.expert_table import address_row, columns, slot_table
 from app.kernels.glu_experts import glu_expert_op, glu_experts, glu_experts_op, glu_experts_torch
 from app.kernels.glu_experts_one_token import run_one_token
@@ -17,6 +17,9 @@ HIDDEN, WIDTH = 80, 56  # not multiples of 32 (nor of 128): partial scale blocks
 FORMATS = {"bf16": None, "per-channel": None, "block128": (128, 128), "block32": (32, 32)}
 # 32 pairs per tile (prefill), wider feature tiles and 64-input steps (block32 cuts them to 32)
 WIDE = LaunchConfig(32, Tiles(64, 64), Tiles(64, 64))
+# x and the activations in two e4m3 terms, the activations and the output rounded to bf16 (truncated in the
+# interpreter): 6e-3 (1e-3 in float16); one term alone gives 4.5e-2
+FP8_PRODUCTS_ERROR = 1e-2
 
 
 def random_arenas(
@@ -190,3 +193,25 @@ def test_op_is_the_kernel_on_cuda_and_when_interpreting(monkeypatch):
     assert glu_experts_op(torch.device("cuda")) is glu_experts
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert glu_experts_op(torch.device("cpu")) is glu_experts
+
+
+# prefill chunks of FP8 experts with 16-bit hidden states on FP8 tensor cores: x and the activations as two e4m3
+# terms each (fp8_products_triton.py); skipped picks, tails, both scale formats and block32's steps of 32
+@pytest.mark.parametrize(("tokens", "fmt", "shape", "dtype"), [
+    (20, "per-channel", WIDER, torch.bfloat16), (40, "block128", (HIDDEN, WIDTH), torch.float16),
+    (20, "block32", WIDER, torch.bfloat16),
+])
+def test_fp8_products_of_a_prefill_chunk_match_float32_reference(tokens, fmt, shape, dtype, monkeypatch):
+    generator = torch.Generator().manual_seed(13)
+    arenas = random_arenas(6, fmt, generator, *shape)
+    slots, weights = random_routing(tokens, 4, 6, generator)
+    slots[3, :2] = -1
+    hidden = torch.randn(tokens, shape[0], generator=generator).to(dtype)
+    splits = []
+    monkeypatch.setattr(glu_experts_triton, "split_activations",
+                        lambda x: splits.append(x.shape) or fp8_products_triton.split_activations(x))
+    out = run_kernel(hidden, arenas, slots, weights.to(dtype), fp8_block=FORMATS[fmt])
+    ref = glu_experts_torch(hidden.float(), arenas, slots, weights, fp8_block=FORMATS[fmt])
+    assert splits == [(tokens, shape[0]), (tokens * 4, shape[1])]  # x, then the activations
+    assert out.dtype == dtype
+    assert relative_error(out, ref) < FP8_PRODUCTS_ERROR
