@@ -10,11 +10,12 @@ with the residual), with per-channel scales (GLM-4.5-Air-FP8) and 128 × 128 blo
 a CUDA graph that cycles through copies of the weight exceeding the L2, as a decode step reads each weight once;
 `tiles` is the path it replaces (pick_tiles at T = 1, split-K and the finishing launch) in the same way.
 Experts (glu_experts_one_token.py): all 128 experts of a layer in slots, 8 picks, each kernel timed by the profiler
-(L2 flushed) on 8 disjoint routings; `tiles` is the tile plan's path (pick_config). Both sweep rows per program ×
-inputs per step × warps; with --registers, the defaults (and wider experts) under register caps
-(REGISTER_CAPS) instead; with --defaults, the default tiles alone (a tree against another in one device call,
-bench/h200_trees.sh); with --experts, the experts alone. Floor = bytes / device-to-device copy bandwidth (read +
-write) measured in the same run.
+(L2 flushed) on 8 disjoint routings, and the whole op in a CUDA graph cycling through them (the profiler counts a
+dependent launch's wait for the kernel before it as its own time: dependent_launch.py); `tiles` is the tile plan's
+path (pick_config). Both sweep rows per program × inputs per step × warps; with --registers, the defaults (and
+wider experts) under register caps (REGISTER_CAPS) instead; with --defaults, the default tiles alone (a tree against
+another in one device call, bench/h200_trees.sh); with --experts, the experts alone. Floor = bytes /
+device-to-device copy bandwidth (read + write) measured in the same run.
 """
 
 import itertools
@@ -133,7 +134,8 @@ def expert_case(arenas, fmt: str, tiles: tuple[RowTiles, RowTiles] | None) -> di
     ref = glu_experts_torch(hidden.float(), arenas, order[0], weights.float(), block)
     calls = itertools.count()
     kernels = kernel_times(lambda: op(order[next(calls) % 8]), runs=16)
-    return {"relative_error": relative_error(out, ref), "kernels_us": kernels,
+    graph_ms = do_bench_cudagraph(lambda: op(order[next(calls) % 8]), rep=20, return_mode="median")
+    return {"relative_error": relative_error(out, ref), "kernels_us": kernels, "graph_us": graph_ms * 1e3,
             "bytes_read": bytes_read(arenas, order[0])}
 
 
@@ -162,9 +164,11 @@ def main(out_path: str, sweep: str, experts_only: bool) -> None:
             if "kernels_us" in case:
                 projections = case["kernels_us"].get("_gate_up_kernel", 0) + case["kernels_us"].get("_down_kernel", 0)
                 case["fraction_of_floor"] = case["bytes_read"] / copy / (projections * 1e-6)
+                case["graph_fraction_of_floor"] = case["bytes_read"] / copy / (case["graph_us"] * 1e-6)
             report["cases"].append(case)
             print(f"{fmt:15} experts {case['tiles'][:120]:120} {case.get('kernels_us', case.get('error'))} "
-                  f"{case.get('fraction_of_floor', 0):.2f}", flush=True)
+                  f"{case.get('fraction_of_floor', 0):.2f} graph {case.get('graph_us', 0):.1f} us "
+                  f"{case.get('graph_fraction_of_floor', 0):.2f}", flush=True)
             save()
         del arenas
         torch.cuda.empty_cache()
