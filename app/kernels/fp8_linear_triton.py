@@ -12,10 +12,10 @@ dense MLP 10944, shared expert 1408):
   T × out floats per split.
 - T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores the same kernel takes
   x split once into two e4m3 terms and multiplies them with the stored weight on FP8 tensor cores
-  (fp8_products_triton.py), at 128 × 128 tiles with fewer tokens a tile and split-K until every SM has a program
-  (`prefill_tiles`). Float32 x and GPUs before sm_89 take 64 tokens × 128 rows × 64 inputs, no split, the weights
-  converted in registers. Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight
-  rather than 1 and needs a bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
+  (fp8_products_triton.py), at 128 × 128 tiles, narrower where those leave SMs idle (`prefill_tiles`). Float32 x
+  and GPUs before sm_89 take 64 tokens × 128 rows × 64 inputs, no split, the weights converted in registers.
+  Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1 and needs a
+  bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
 """
 
 import math
@@ -43,7 +43,6 @@ from app.kernels.rows_times_vector_triton import RowTiles, gated_rows_times_vect
 PROGRAMS_PER_SM = 2
 MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132, for 1-byte weights
 MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
-MIN_SPLIT_INPUTS = 2048  # inputs a split of a prefill chunk's FP8 products reads at the least
 
 
 def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
@@ -58,19 +57,12 @@ def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) 
 
 
 def prefill_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
-    """(tokens a tile, weight tiles, split-K) for a chunk on FP8 products: 128 x 128 tiles (64 tokens for a chunk of
-    64 or fewer), then half the tokens a tile and splits of the inputs (MIN_SPLIT_INPUTS or more each) until the
-    launch has a program for every SM (GLM-4.5-Air's o_proj: 4096 rows are 32 row tiles)."""
-    block_m, tiles, split = 128, Tiles(128, 128, warps=8, stages=4), 1
-
-    def programs() -> int:
-        return triton.cdiv(out_features, tiles.features) * triton.cdiv(tokens, block_m) * split
-
-    if tokens <= 64 or programs() < sm_count:
-        block_m = 64
-    while programs() < sm_count and in_features >= 2 * split * MIN_SPLIT_INPUTS:
-        split *= 2
-    return block_m, tiles, split
+    """(tokens a tile, weight tiles, split-K) for a chunk on FP8 products, from the H100 sweep at GLM-4.5-Air's shapes
+    (bench/NOTES.md): 128 tokens × 128 rows × 128 inputs on 8 warps; where that leaves fewer programs than half the
+    SMs (o_proj's 4096 rows are 32 row tiles), 64 × 64 on 4 warps (o_proj at 128 tokens: 63.8 against 108.6 us)."""
+    if triton.cdiv(out_features, 128) * triton.cdiv(tokens, 128) < sm_count // 2:
+        return 64, Tiles(64, 128, warps=4, stages=4), 1
+    return 128, Tiles(128, 128, warps=8, stages=4), 1
 
 
 def run_fp8_linear(

@@ -54,8 +54,8 @@ def test_split_terms_are_the_nearest_e4m3_values(dtype):
 
 
 # chunk tokens and tiles: a token tail (70 of 64), a row tail (136 of 128), inputs that end inside a step and a
-# block column (200: block32, and the per-channel step of 128), block32's steps of 32, splits of the inputs (the
-# last one short: 200 inputs in steps of 64 as 3 splits of 128, 128 and none; 160 as 2 of 96 and 64)
+# block column (200: block32, and the per-channel step of 128), block32's steps of 32, splits of the inputs (200 in
+# steps of 64 asked for 3 splits: 128 and 72; 160 in steps of 32: 96 and 64; 384 in block128's steps: 3 of 128)
 @pytest.mark.parametrize(("tokens", "out", "inputs", "fmt", "tiles"), [
     (70, 136, 200, "per-channel", None),
     (70, 136, 200, "block128", None),
@@ -78,13 +78,13 @@ def test_fp8_products_match_float32_reference(tokens, out, inputs, fmt, tiles, d
     assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
 
 
-def test_prefill_tiles_give_every_sm_a_program():
-    # GLM-4.5-Air-FP8 on 132 SMs: q_proj's 96 row tiles take two token tiles of 64 at T = 128, one of 128 at 256
-    assert prefill_tiles(128, 12288, 4096, 132) == (64, Tiles(128, 128, warps=8, stages=4), 1)
-    assert prefill_tiles(256, 12288, 4096, 132)[::2] == (128, 1)
-    # o_proj's 32 row tiles: two token tiles, then its 12288 inputs in 4 splits of 3072
-    assert prefill_tiles(128, 4096, 12288, 132)[::2] == (64, 4)
-    assert prefill_tiles(17, 4096, 4096, 132)[::2] == (64, 2)  # splits of 2048 inputs at the least
+def test_prefill_tiles_narrow_where_wide_ones_leave_sms_idle():
+    wide, narrow = (128, Tiles(128, 128, warps=8, stages=4), 1), (64, Tiles(64, 128, warps=4, stages=4), 1)
+    # GLM-4.5-Air-FP8 on 132 SMs: q_proj's 96 row tiles and the dense MLP's 86 keep wide tiles at 128 tokens
+    assert prefill_tiles(128, 12288, 4096, 132) == prefill_tiles(128, 10944, 4096, 132) == wide
+    # o_proj's 32 row tiles: 32 or 64 programs at 128 or 256 tokens
+    assert prefill_tiles(128, 4096, 12288, 132) == prefill_tiles(256, 4096, 12288, 132) == narrow
+    assert prefill_tiles(512, 4096, 12288, 132) == wide
 
 
 @pytest.mark.parametrize(("glu", "with_residual"), [(True, False), (False, True), (True, True)])
