@@ -48,7 +48,8 @@ NUM_SLOTS, PICKS = 32, 4
 TOKEN_COUNTS = (1, 4, 16, 128, 256)
 LIMIT, ALPHA = 7.0, 1.702
 # matched in the profiler's names: the float16-pair kernels (_half_pairs_gate_up_kernel, ...) count as the projections
-KERNELS = ("_plan_kernel", "_half_pairs_kernel", "_gate_up_kernel", "_down_kernel", "_sum_picks_kernel")
+KERNELS = ("_plan_kernel", "_rank_kernel", "_tile_starts_kernel", "_half_pairs_kernel", "_gate_up_kernel",
+           "_down_kernel", "_sum_picks_kernel")
 # MXFP4 steps divide K = 2880: 32 or 64 inputs
 TILE_SWEEP = [
     Tiles(*shape)

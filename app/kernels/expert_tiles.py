@@ -1,8 +1,8 @@
 """Tiles of (token, pick) pairs that share an expert slot, for grouped expert kernels.
 
-`plan_tiles` sorts the pairs by cache slot in one small launch (no host synchronisation); a tile is
-a run of up to BLOCK_M sorted pairs with one slot, so an expert kernel with one program per tile
-reads each expert's weights once per tile. `sum_picks` adds each token's per-pick rows in pick
+`plan_tiles` sorts the pairs by cache slot in one small launch, two for a prefill chunk's (no host
+synchronisation); a tile is a run of up to BLOCK_M sorted pairs with one slot, so an expert kernel with one program
+per tile reads each expert's weights once per tile. `sum_picks` adds each token's per-pick rows in pick
 order: no atomics, so the result does not depend on how programs are scheduled.
 """
 
@@ -17,7 +17,12 @@ from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 
 # how store_activations lays out a pair's activations [W]: as they are, or by group ([32, W/32], mxfp4_cuda_cores.py)
 IN_ORDER, GROUP_MAJOR = tl.constexpr(0), tl.constexpr(1)
-MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan sorts them in one program
+MAX_PAIRS = 2048  # (token, pick) pairs per launch: the plan ranks each against all of them
+# up to this many pairs the plan is one program; past it the ranks are spread over programs of RANKS_PER_PROGRAM
+# pairs and the tiles found by a second launch (one program ranked 2048 pairs in 103 us on an H100, a chunk of
+# GLM-4.5-Air's prefill, against its experts' 1 ms)
+ONE_PROGRAM_PAIRS = 256
+RANKS_PER_PROGRAM = 64
 # up to a verify block the tiles are bound by reading the weights (and count launches); past it, by the tensor cores
 DECODE_TOKENS = 16
 # whether the expert kernels run in Triton's interpreter (triton.jit reads the variable when they are
@@ -73,10 +78,20 @@ def plan_tiles(slots: torch.Tensor, num_slots: int, pairs_per_tile: int) -> Tile
         tile_count=torch.empty(1, dtype=torch.int32, device=device),
         max_tiles=max_tiles,
     )
-    _plan_kernel[(1,)](
-        slots.contiguous(), plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count,
-        num_pairs, num_slots,
-        BLOCK_P=block_p, BLOCK_M=pairs_per_tile, BLOCK_J=min(block_p, 32), num_warps=4 if block_p <= 256 else 8,
+    slots = slots.contiguous()
+    if block_p <= ONE_PROGRAM_PAIRS:
+        _plan_kernel[(1,)](
+            slots, plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count, num_pairs, num_slots,
+            BLOCK_P=block_p, BLOCK_M=pairs_per_tile, BLOCK_J=min(block_p, 32), num_warps=4,
+        )
+        return plan
+    _rank_kernel[(block_p // RANKS_PER_PROGRAM,)](
+        slots, plan.sorted_pairs, plan.sorted_slots, num_pairs, num_slots,
+        BLOCK_P=block_p, BLOCK_R=RANKS_PER_PROGRAM, BLOCK_J=64, num_warps=4,
+    )
+    _tile_starts_kernel[(1,)](
+        plan.sorted_slots, plan.tile_starts, plan.tile_count, num_slots, BLOCK_P=block_p, BLOCK_M=pairs_per_tile,
+        num_warps=8,
     )
     return plan
 
@@ -102,17 +117,44 @@ def _plan_kernel(
 ):
     """Sort pairs by (slot, pair), skipped picks and padding last; a tile starts at every slot change
     and every BLOCK_M-aligned position."""
-    pair = tl.arange(0, BLOCK_P)
+    _rank_pairs(slots_ptr, sorted_pairs_ptr, sorted_slots_ptr, tl.arange(0, BLOCK_P), num_pairs, num_slots,
+                BLOCK_P, BLOCK_J)
+    tl.debug_barrier()
+    _store_tile_starts(sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, num_slots, BLOCK_P, BLOCK_M)
+
+
+@triton.jit
+def _rank_kernel(slots_ptr, sorted_pairs_ptr, sorted_slots_ptr, num_pairs, num_slots,
+                 BLOCK_P: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_J: tl.constexpr):
+    """`_plan_kernel`'s sort for pairs [program * BLOCK_R, + BLOCK_R): a big chunk's pairs over many programs."""
+    pairs = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    _rank_pairs(slots_ptr, sorted_pairs_ptr, sorted_slots_ptr, pairs, num_pairs, num_slots, BLOCK_P, BLOCK_J)
+
+
+@triton.jit
+def _tile_starts_kernel(sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, num_slots,
+                        BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr):
+    _store_tile_starts(sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, num_slots, BLOCK_P, BLOCK_M)
+
+
+@triton.jit
+def _rank_pairs(slots_ptr, sorted_pairs_ptr, sorted_slots_ptr, pair, num_pairs, num_slots,
+                BLOCK_P: tl.constexpr, BLOCK_J: tl.constexpr):
+    """Stores each of `pair` at its place in the order of (slot, pair): the number of smaller keys among all
+    BLOCK_P, O(P) a pair and no sorting network; [BLOCK_J, pairs] so that each thread sums its own column."""
     key = _sort_key(slots_ptr, pair, num_pairs, num_slots, BLOCK_P)
-    # a pair's place in the sorted order is the number of smaller keys: O(P^2), no sorting network;
-    # [BLOCK_J, BLOCK_P] so that each thread sums its own column
-    rank = tl.zeros((BLOCK_P,), tl.int32)
+    rank = tl.zeros(pair.shape, tl.int32)
     for first in range(0, BLOCK_P, BLOCK_J):
         others = _sort_key(slots_ptr, first + tl.arange(0, BLOCK_J), num_pairs, num_slots, BLOCK_P)
         rank += tl.sum((others[:, None] < key[None, :]).to(tl.int32), axis=0)
     tl.store(sorted_pairs_ptr + rank, pair)
     tl.store(sorted_slots_ptr + rank, key // BLOCK_P)
-    tl.debug_barrier()
+
+
+@triton.jit
+def _store_tile_starts(sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, num_slots,
+                       BLOCK_P: tl.constexpr, BLOCK_M: tl.constexpr):
+    """From the sorted slots: a tile starts at every slot change and every BLOCK_M-aligned position."""
     position = tl.arange(0, BLOCK_P)
     slot = tl.load(sorted_slots_ptr + position)
     previous = tl.load(sorted_slots_ptr + position - 1, mask=position > 0, other=-1)

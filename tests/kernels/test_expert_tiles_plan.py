@@ -9,7 +9,9 @@ NUM_SLOTS = 9
 
 
 @pytest.mark.parametrize("pairs_per_tile", [1, 2, 16, 32])
-@pytest.mark.parametrize(("tokens", "picks"), [(1, 5), (37, 1), (40, 4)], ids=["5-pairs", "37-pairs", "160-pairs"])
+# up to 256 pairs the plan is one program, past it ranks spread over programs and a launch for the tiles
+@pytest.mark.parametrize(("tokens", "picks"), [(1, 5), (37, 1), (40, 4), (75, 4)],
+                         ids=["5-pairs", "37-pairs", "160-pairs", "300-pairs"])
 def test_the_plan_sorts_the_pairs_by_slot_into_tiles_of_one_slot(tokens, picks, pairs_per_tile):
     generator = torch.Generator().manual_seed(tokens * 10 + picks)
     # about a quarter skipped, the first pair always: it must move behind every kept pair
