@@ -80,9 +80,10 @@ def run_fp8_linear(
     tokens, in_features = x.shape
     if tokens == 1 and tiles is None:
         return run_one_token(x, weight, scale, block, glu, residual)
-    projection = dense_projection(weight, scale, block, in_features)
+    projection = _projection(weight, scale, block, in_features)
     out_features = weight.shape[0]
     fp8 = runs_fp8_products(x, weight) if fp8_products is None else fp8_products
+    assert not fp8 or weight.dtype == torch.float8_e4m3fn, "FP8 products need an e4m3 weight"
     x = x.contiguous()
     if tiles is None:
         sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
@@ -111,7 +112,7 @@ def run_fp8_linear(
     return finish_shares(out, dtype, glu, residual) if finish else out
 
 
-def dense_projection(
+def _projection(
     weight: torch.Tensor, scale: torch.Tensor | None, block: tuple[int, int] | None, in_features: int
 ) -> Projection:
     out_features = weight.shape[0]
@@ -157,7 +158,7 @@ def run_one_token(
     """`fp8_linear` of x [1, in] in one launch (an unscaled weight where `scale` is None); `tiles` overrides
     `one_token_tiles`."""
     in_features = x.shape[1]
-    projection = dense_projection(weight, scale, block, in_features)
+    projection = _projection(weight, scale, block, in_features)
     width = weight.shape[0] // 2 if glu else weight.shape[0]
     assert not glu or weight.shape[0] % 2 == 0, "gate rows then as many up rows"
     assert residual is None or (residual.shape == (1, width) and residual.dtype == x.dtype)

@@ -39,6 +39,7 @@ def runs_fp8_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def split_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, in] bf16 / fp16 -> (hi [T, in] e4m3, lo [T, in] e4m3, s [T] float32), as the module docstring says."""
+    assert x.is_contiguous() and x.dtype in (torch.bfloat16, torch.float16), "contiguous 16-bit rows"
     tokens, inputs = x.shape
     hi = torch.empty((tokens, inputs), dtype=torch.float8_e4m3fn, device=x.device)
     lo = torch.empty_like(hi)
