@@ -12,7 +12,7 @@ dequantized to bf16 at load, the engine's path before this kernel: twice the byt
 x + output, each once; floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
 `split_sweep`: T = 1, k_proj and o_proj, per-channel, over weight tiles and split-K. With --prefill instead: a
 prefill chunk (PREFILL_CHUNK tokens, and 128) of the large products, both formats: the converting kernel at its
-default tiles, then the FP8 products (fp8_prefill_triton.py, x split into two e4m3 terms: the split's launch is
+default tiles, then the FP8 products (fp8_products_triton.py, x split into two e4m3 terms: the split's launch is
 timed with each product, and alone) at their default and over tiles (PREFILL_SWEEP: tokens a tile, weight rows,
 inputs a step, warps, stages), against bf16 cuBLAS.
 """
@@ -65,10 +65,11 @@ def dequantized(weight: torch.Tensor, scale: torch.Tensor, block) -> torch.Tenso
     return dequantize_blocks(weight, scale, block, torch.bfloat16)
 
 
-def check(weight, scale, block, tokens: int, tiles=None) -> dict:
+def check(weight, scale, block, tokens: int, product=None) -> dict:
+    """`product` (x -> x @ W.T; run_fp8_linear at its own tiles where None) against the float32 reference."""
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
     with poisoned_allocations():
-        out = run_fp8_linear(x, weight, scale, block, tiles)
+        out = product(x) if product else run_fp8_linear(x, weight, scale, block)
     ref = fp8_linear_torch(x.float(), weight, scale, block)
     error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
     return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2}
@@ -109,7 +110,7 @@ def prefill_sweep(report: dict, save) -> None:
             for tokens in (PREFILL_CHUNK, 128):
                 cublas = attempt(time_cublas, weight, scale, block, tokens)
                 converting = ("converting", pick_tiles(tokens, *SHAPES[name], sm_count))
-                default = f"default {prefill_tiles(tokens, *SHAPES[name], sm_count)}"
+                default = f"default {prefill_tiles(tokens, SHAPES[name][0], sm_count)}"
                 fp8 = [("fp8 products", tiles) for tiles in [None, *PREFILL_SWEEP]]
                 for kernel, tiles in [converting, *fp8]:
                     row = {"format": fmt, "weight": name, "tokens": tokens, "kernel": kernel,
@@ -133,14 +134,9 @@ def prefill_case(weight, scale, block, tokens: int, product) -> dict:
     """The product's error against the float32 reference and its time: eager (do_bench; a prefill reads each weight
     once per chunk, cached or not), and in a CUDA graph, without the host's launches between the kernels."""
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
-    with poisoned_allocations():
-        out = product(x)
-    ref = fp8_linear_torch(x.float(), weight, scale, block)
-    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
     ms = do_bench(lambda: product(x), warmup=10, rep=50, return_mode="median")
     graph_ms = do_bench_cudagraph(lambda: product(x), rep=20, return_mode="median")
-    return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2,
-            "op_us": ms * 1e3, "graph_us": graph_ms * 1e3}
+    return {**check(weight, scale, block, tokens, product), "op_us": ms * 1e3, "graph_us": graph_ms * 1e3}
 
 
 def main(out_path: str, prefill: bool) -> None:

@@ -28,7 +28,7 @@ import triton.language as tl
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
 from app.kernels.finish_shares_triton import finish_shares
-from app.kernels.fp8_products_triton import fp8_products, runs_fp8_products, split_activations
+from app.kernels.fp8_products_triton import fp8_products, input_terms, runs_fp8_products
 from app.kernels.glu_experts_triton import (
     NO_SCALE,
     PER_BLOCK,
@@ -56,7 +56,7 @@ def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) 
     return DECODE_TOKENS, tiles, max(split, 1)
 
 
-def prefill_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
+def prefill_tiles(tokens: int, out_features: int, sm_count: int) -> tuple[int, Tiles, int]:
     """(tokens a tile, weight tiles, split-K) for a chunk on FP8 products, from the H100 sweep at GLM-4.5-Air's shapes
     (bench/NOTES.md): 128 tokens × 128 rows × 128 inputs on 8 warps; where that leaves fewer programs than half the
     SMs (o_proj's 4096 rows are 32 row tiles), 64 × 64 on 4 warps (o_proj at 128 tokens: 63.8 against 108.6 us)."""
@@ -87,10 +87,11 @@ def run_fp8_linear(
     x = x.contiguous()
     if tiles is None:
         sm_count = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 132
-        tiles = (prefill_tiles if fp8 else pick_tiles)(tokens, out_features, in_features, sm_count)
+        tiles = (prefill_tiles(tokens, out_features, sm_count) if fp8
+                 else pick_tiles(tokens, out_features, in_features, sm_count))
     block_m, weight_tiles, split = tiles
     dtype, half = x.dtype, x.dtype != torch.float32 and not fp8
-    x_terms = split_activations(x) if fp8 else (tile_inputs(x, projection, half),) * 3  # (hi, lo, s) or x
+    x_terms = input_terms(tile_inputs(x, projection, half), fp8)
     step = projection.step(weight_tiles)
     # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
     steps = triton.cdiv(in_features, step)

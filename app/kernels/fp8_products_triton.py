@@ -48,6 +48,11 @@ def split_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     return hi, lo, scale
 
 
+def input_terms(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a kernel with an FP8 constant takes for its three input pointers: x's terms where `fp8`, else x in each."""
+    return split_activations(x) if fp8 else (x, x, x)
+
+
 @triton.jit
 def _split_kernel(x_ptr, hi_ptr, lo_ptr, scale_ptr, inputs, BLOCK: tl.constexpr):
     """Program: one token's row, read twice (its largest magnitude, then the terms)."""
@@ -108,7 +113,8 @@ def fp8_products(
             acc_lo = tl.dot(w, tl.trans(lo), acc_lo)
         w_ptrs += BLOCK_K
         x_offsets += BLOCK_K
+    if SCALES != 2:
+        acc += acc_lo * (1.0 / LO_LIFT)
     if SCALES == 1:
-        channel_scale = tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)
-        acc = (acc + acc_lo * (1.0 / LO_LIFT)) * channel_scale[:, None]
+        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
     return acc * tl.load(token_scale_ptr + rows, mask=used, other=0.0)[None, :]

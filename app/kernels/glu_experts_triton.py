@@ -39,7 +39,7 @@ from app.kernels.expert_tiles import (
     tile_rows,
 )
 from app.kernels.fp8_bytes import for_kernels, weights_as
-from app.kernels.fp8_products_triton import fp8_products, runs_fp8_products, split_activations
+from app.kernels.fp8_products_triton import fp8_products, input_terms, runs_fp8_products
 from app.kernels.glu_experts import runs_one_token
 from app.kernels.glu_experts_one_token import run_one_token
 from app.kernels.rows_times_vector_triton import RowTiles
@@ -167,7 +167,7 @@ def run_from_table(
     fp8 = config.fp8_products and runs_fp8_products(hidden, gate.weight)
     half = config.fp16_products and hidden.dtype != torch.float32 and not fp8
     inputs = tile_inputs(hidden, gate, half)  # float16 inputs come with float16 activations
-    x_terms = split_activations(hidden) if fp8 else (inputs, inputs, inputs)  # (hi, lo, scale) or x three times
+    x_terms = input_terms(inputs, fp8)
 
     activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
     tiles = config.gate_up
@@ -177,7 +177,7 @@ def run_from_table(
         **shared, **gate.constants(half), FP8=fp8, BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
     )
-    activation_terms = split_activations(activations) if fp8 else (activations, activations, activations)
+    activation_terms = input_terms(activations, fp8)
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](

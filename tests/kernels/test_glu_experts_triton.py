@@ -207,9 +207,8 @@ def test_fp8_products_of_a_prefill_chunk_match_float32_reference(tokens, fmt, sh
     slots, weights = random_routing(tokens, 4, 6, generator)
     slots[3, :2] = -1
     hidden = torch.randn(tokens, shape[0], generator=generator).to(dtype)
-    splits = []
-    monkeypatch.setattr(glu_experts_triton, "split_activations",
-                        lambda x: splits.append(x.shape) or fp8_products_triton.split_activations(x))
+    splits, split = [], fp8_products_triton.split_activations
+    monkeypatch.setattr(fp8_products_triton, "split_activations", lambda x: splits.append(x.shape) or split(x))
     out = run_kernel(hidden, arenas, slots, weights.to(dtype), fp8_block=FORMATS[fmt])
     ref = glu_experts_torch(hidden.float(), arenas, slots, weights, fp8_block=FORMATS[fmt])
     assert splits == [(tokens, shape[0]), (tokens * 4, shape[1])]  # x, then the activations
