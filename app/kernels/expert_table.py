@@ -61,19 +61,16 @@ def _address_kernel(tensor_ptr, out_ptr):
 
 
 @triton.jit
-def row_pointer(table_ptr, row, column, COLUMNS: tl.constexpr, like, CACHE: tl.constexpr = ""):
-    """The pointer in column `column` of row `row` of a [R, COLUMNS] table, typed as the pointer `like`; CACHE: the
-    load's cache modifier (".cg" for a read ahead of the kernel's wait, dependent_launch.py)."""
-    return _typed(tl.load(table_ptr + row * COLUMNS + column, cache_modifier=CACHE), like)
+def row_pointer(table_ptr, row, column, COLUMNS: tl.constexpr, like):
+    """The pointer in column `column` of row `row` of a [R, COLUMNS] table, typed as the pointer `like`."""
+    return _typed(tl.load(table_ptr + row * COLUMNS + column), like)
 
 
 @triton.jit
-def row_or_own_pointer(table_ptr, row, own_ptr, is_own, column, COLUMNS: tl.constexpr, like,
-                       CACHE: tl.constexpr = ""):
+def row_or_own_pointer(table_ptr, row, own_ptr, is_own, column, COLUMNS: tl.constexpr, like):
     """`row_pointer` of row `row` (>= 0), or where `is_own` the one in column `column` of the one-row table
     `own_ptr` (an expert outside the table, as `address_row` gives it)."""
-    address = tl.where(is_own, tl.load(own_ptr + column, cache_modifier=CACHE),
-                       tl.load(table_ptr + row * COLUMNS + column, cache_modifier=CACHE))
+    address = tl.where(is_own, tl.load(own_ptr + column), tl.load(table_ptr + row * COLUMNS + column))
     return _typed(address, like)
 
 

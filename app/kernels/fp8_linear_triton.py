@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch, prefetch_rows_to_l2
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
 from app.kernels.finish_shares_triton import finish_shares
 from app.kernels.fp8_products_triton import fp8_products, input_terms, runs_fp8_products
@@ -210,19 +210,14 @@ def _one_token_kernel(
     GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
     WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Program: outputs [first, first + BLOCK_N) of one token; with GLU the rows' gate (rows) and up (rows + N). The
-    weights, which no kernel writes, are asked into L2 before the wait (dependent_launch.py)."""
+    """Program: outputs [first, first + BLOCK_N) of one token; with GLU the rows' gate (rows) and up (rows + N)."""
+    after_earlier_kernels(PDL)
     first = tl.program_id(0) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
     w_rows, scales = weight_rows(weight_ptr, scale_ptr, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
-    row_bytes: tl.constexpr = K * weight_ptr.dtype.element_ty.primitive_bitwidth // 8
-    prefetch_rows_to_l2(w_rows, row_bytes, PDL, 32 * WARPS)
     if GLU:
         up_rows, up_scales = weight_rows(weight_ptr, scale_ptr, rows + N, first + N, K, SCALES, SCALE_ROWS, SCALE_COLS)
-        prefetch_rows_to_l2(up_rows, row_bytes, PDL, 32 * WARPS)
-    after_earlier_kernels(PDL)
-    if GLU:
         y = gated_rows_times_vector(x_ptr, w_rows, scales, up_rows, up_scales, K, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K,
                                     FOLD, WARPS)
     else:

@@ -11,17 +11,13 @@ return at once. No tile plan: one token's picks are distinct experts, so there i
 
 An expert every token takes at weight 1 (GLM's shared expert, in the routed experts' format) can run as one more
 pick, from its own table row: its products then cost no launches of their own.
-
-down's programs read their pick and its row of the table ahead of their wait and ask for their weights in L2 there
-(dependent_launch.py): the picks come from the router, two launches back (gate_up waits before it lets down launch).
-gate_up cannot: the router is the launch just before it.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch, prefetch_rows_to_l2
+from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_table import row_or_own_pointer
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.fp8_bytes import goes_as_bytes
@@ -80,24 +76,22 @@ def run_one_token(
 
 
 @triton.jit
-def _pick_row(rows_ptr, pick, PICKS: tl.constexpr, CACHE: tl.constexpr):
-    """The table row of a program's pick (-1: skipped), and whether the pick is the shared expert (row 0 then);
-    CACHE: the loads' cache modifier (".cg" ahead of the wait)."""
+def _pick_row(rows_ptr, pick, PICKS: tl.constexpr):
+    """The table row of a program's pick (-1: skipped), and whether the pick is the shared expert (row 0 then)."""
     shared = pick == PICKS
-    # int64: row * expert size passes 2^31
-    row = tl.load(rows_ptr + tl.minimum(pick, PICKS - 1), cache_modifier=CACHE).to(tl.int64)
+    row = tl.load(rows_ptr + tl.minimum(pick, PICKS - 1)).to(tl.int64)  # int64: row * expert size passes 2^31
     return tl.where(shared, 0, row), shared
 
 
 @triton.jit
 def _expert_rows(table_ptr, row, own_ptr, shared, weight_column, scale_column, weight_ptr, scale_ptr, features, first,
                  N: tl.constexpr, K: tl.constexpr, COLUMNS: tl.constexpr,
-                 SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr, CACHE: tl.constexpr):
+                 SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr):
     """`weight_rows` of `features` of the expert in row `row` of the address table (the shared one's own row where
     `shared`)."""
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads
-    weights = row_or_own_pointer(table_ptr, row, own_ptr, shared, weight_column, COLUMNS, weight_ptr, CACHE)
-    scales = row_or_own_pointer(table_ptr, row, own_ptr, shared, scale_column, COLUMNS, scale_ptr, CACHE)
+    weights = row_or_own_pointer(table_ptr, row, own_ptr, shared, weight_column, COLUMNS, weight_ptr)
+    scales = row_or_own_pointer(table_ptr, row, own_ptr, shared, scale_column, COLUMNS, scale_ptr)
     return weight_rows(weights, scales, rows, first, K, SCALES, SCALE_ROWS, SCALE_COLS)
 
 
@@ -110,17 +104,17 @@ def _gate_up_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
     WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
-    after_earlier_kernels(PDL, NEXT_READS_AHEAD=True)
+    after_earlier_kernels(PDL)
     pick = tl.program_id(0)
-    row, shared = _pick_row(rows_ptr, pick, PICKS, "")
+    row, shared = _pick_row(rows_ptr, pick, PICKS)
     if row < 0:
         return
     first = tl.program_id(1) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
     gate_rows, gate_scales = _expert_rows(table_ptr, row, own_ptr, shared, gate_column, gate_scale_column, weight_ptr,
-                                          scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS, "")
+                                          scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
     up_rows, up_scales = _expert_rows(table_ptr, row, own_ptr, shared, up_column, up_scale_column, weight_ptr,
-                                      scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS, "")
+                                      scale_ptr, features, first, W, H, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
     activation = gated_rows_times_vector(hidden_ptr, gate_rows, gate_scales, up_rows, up_scales, H, SCALES, SCALE_COLS,
                                          BLOCK_N, BLOCK_K, FOLD, WARPS)
     tl.store(activations_ptr + pick * W + features, activation.to(activations_ptr.dtype.element_ty),
@@ -136,17 +130,15 @@ def _down_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FOLD: tl.constexpr,
     WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pick = tl.program_id(0)
-    row, shared = _pick_row(rows_ptr, pick, PICKS, ".cg")
+    row, shared = _pick_row(rows_ptr, pick, PICKS)
     if row < 0:
-        after_earlier_kernels(PDL)
         return
     first = tl.program_id(1) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
     w_rows, scales = _expert_rows(table_ptr, row, own_ptr, shared, weight_column, scale_column, weight_ptr, scale_ptr,
-                                  features, first, H, W, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS, ".cg")
-    prefetch_rows_to_l2(w_rows, W * weight_ptr.dtype.element_ty.primitive_bitwidth // 8, PDL, 32 * WARPS)
-    after_earlier_kernels(PDL)
+                                  features, first, H, W, COLUMNS, SCALES, SCALE_ROWS, SCALE_COLS)
     acc = rows_times_vector(activations_ptr + pick * W, w_rows, scales, W, SCALES, SCALE_COLS, BLOCK_N, BLOCK_K, FOLD,
                             WARPS)
     routing = tl.load(routing_ptr + tl.minimum(pick, PICKS - 1)).to(tl.float32)

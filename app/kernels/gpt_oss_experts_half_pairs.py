@@ -3,9 +3,7 @@ float16 pairs (mxfp4_half_pairs.py).
 
 One program per pair and block of output rows, so every weight of a pair's expert is read once by one program; a
 pair reads its expert where its row of the address table (expert_table.py) points, and a skipped pick's programs
-return at once. No tile plan: at one pair per program there is nothing to group. A program reads its pick, its
-expert's row of the table and its weights ahead of its wait (dependent_launch.py): the picks come from the router,
-two or more launches back (`half_pairs` runs between it and gate_up, and gate_up between it and down).
+return at once. No tile plan: at one pair per program there is nothing to group.
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W] times 2^shift, in pair order.
 - down: bias and routing weight in the epilogue -> one float32 row per pick [P, H], which `sum_picks` adds.
@@ -67,18 +65,12 @@ def run_in_half_pairs(
 
 
 @triton.jit
-def _pick_row(rows_ptr, pair):
-    """The table row of pair `pair`'s pick (-1: skipped), read ahead (through L2)."""
-    return tl.load(rows_ptr + pair, cache_modifier=".cg").to(tl.int64)  # int64: row * expert size passes 2^31
-
-
-@triton.jit
 def _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column, bias_column,
             COLUMNS: tl.constexpr):
-    """The pointers of the tensors of the expert in row `row` of the address table, read ahead."""
-    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr, ".cg")
-    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr, ".cg")
-    return weights, scales, row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr, ".cg")
+    """The pointers of the tensors of the expert in row `row` of the address table."""
+    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
+    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
+    return weights, scales, row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
 
 
 @triton.jit
@@ -88,18 +80,17 @@ def _half_pairs_gate_up_kernel(
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr, ACT_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pair = tl.program_id(0)
-    row = _pick_row(rows_ptr, pair)
+    row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
     if row < 0:
-        after_earlier_kernels(PDL, NEXT_READS_AHEAD=True)
         return
     weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
                                       bias_column, COLUMNS)
     token = pair // PICKS
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = pairs_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (H // 2)  # K / 2 uint32 pairs a row
-    # down reads its picks ahead of its wait
-    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, 2 * W, H, BLOCK_N, PDL, True)
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, 2 * W, H, BLOCK_N)
     acc = acc * tl.load(unscale_ptr + token) + tl.load(biases + features, mask=features < 2 * W).to(tl.float32)
     gate, up = tl.split(tl.reshape(acc, (BLOCK_N // 2, 2)))  # rows alternate gate, up
     gate = tl.minimum(gate, limit)
@@ -116,16 +107,16 @@ def _half_pairs_down_kernel(
     H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    after_earlier_kernels(PDL)
     pair = tl.program_id(0)
-    row = _pick_row(rows_ptr, pair)
+    row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
     if row < 0:
-        after_earlier_kernels(PDL)
         return
     weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
                                       bias_column, COLUMNS)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
-    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N, PDL, False)
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N)
     bias = tl.load(biases + features, mask=features < H).to(tl.float32)
     acc = (acc * ACT_UNSCALE + bias) * tl.load(routing_ptr + pair).to(tl.float32)
     tl.store(per_pick_ptr + pair * H + features, acc, mask=features < H)

@@ -50,7 +50,6 @@ def half_pairs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     assert k_size % 32 == 0, "MXFP4 groups are 32 wide"
     pairs = torch.empty((tokens, k_size), dtype=torch.float16, device=x.device)
     unscale = torch.empty(tokens, dtype=torch.float32, device=x.device)
-    # the expert kernels after it read their picks ahead of their wait (mxfp4_rows_times_half_pairs)
     _half_pairs_kernel[(tokens,)](x.contiguous(), pairs, unscale, K=k_size, BLOCK=triton.next_power_of_2(k_size),
                                   num_warps=8, **dependent_launch(x.device))
     return pairs, unscale
@@ -67,7 +66,7 @@ def pair_order(columns, K: tl.constexpr):
 
 @triton.jit
 def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, K: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    after_earlier_kernels(PDL, NEXT_READS_AHEAD=True)
+    after_earlier_kernels(PDL)
     token = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
     inside = columns < K
@@ -156,44 +155,36 @@ def _word_times_pairs(words, x4, sums):
 
 
 @triton.jit
-def _load(pointers, mask, FULL: tl.constexpr, CACHE: tl.constexpr):
+def _load(pointers, mask, FULL: tl.constexpr):
     if FULL:
-        return tl.load(pointers, cache_modifier=CACHE)
-    return tl.load(pointers, mask=mask, other=0, cache_modifier=CACHE)
+        return tl.load(pointers)
+    return tl.load(pointers, mask=mask, other=0)
 
 
 @triton.jit
-def _step_weights(words_ptr, scale_ptr, rows, N: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  STEP: tl.constexpr):
-    """Step STEP's words [BLOCK_N, 32, 4] (uint32) and scale bytes [BLOCK_N, 32] (0 past N and past the last group),
-    through L2 (read ahead of the kernel's wait: dependent_launch.py)."""
+def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr,
+                STEP: tl.constexpr):
+    """Step STEP's words [BLOCK_N, 32, 4] and scale bytes [BLOCK_N, 32], and the input pairs [BLOCK_N, 32, 4] of each
+    of the groups' 4 words (uint32 but the scales; 0 past N and past the last group)."""
     group = STEP * 32 + tl.arange(0, 32)
     full: tl.constexpr = (STEP + 1) * 32 <= GROUPS
     word = STEP * 128 + tl.arange(0, 128)  # [32 groups, 4 words] flat: 128 contiguous words
     w_ok = (rows[:, None] < N) & (word[None, :] < GROUPS * 4)
-    words = _load(words_ptr + rows[:, None] * (GROUPS * 4) + word[None, :], w_ok, full and N % BLOCK_N == 0, ".cg")
+    words = _load(words_ptr + rows[:, None] * (GROUPS * 4) + word[None, :], w_ok, full and N % BLOCK_N == 0)
+    words4 = tl.reshape(words, (BLOCK_N, 32, 4))
     # a byte per lane: contiguous bytes would go to one lane, and then to the others through shared memory
     scales_at = tl.max_contiguous(rows[:, None] * GROUPS + group[None, :], [1, 1])
-    scale = _load(scale_ptr + scales_at, (rows[:, None] < N) & (group[None, :] < GROUPS), full and N % BLOCK_N == 0,
-                  ".cg")
-    return tl.reshape(words, (BLOCK_N, 32, 4)).to(tl.uint32, bitcast=True), scale
-
-
-@triton.jit
-def _step_inputs(pairs_ptr, GROUPS: tl.constexpr, BLOCK_N: tl.constexpr, STEP: tl.constexpr):
-    """Step STEP's input pairs [BLOCK_N, 32, 4] of each of the groups' 4 words (0 past the last group)."""
-    full: tl.constexpr = (STEP + 1) * 32 <= GROUPS
-    word = STEP * 128 + tl.arange(0, 128)
+    scale = _load(scale_ptr + scales_at, (rows[:, None] < N) & (group[None, :] < GROUPS), full and N % BLOCK_N == 0)
     # the inputs as [1, 128] (a row's 128 words' pairs), broadcast over the rows: each lane loads its group's pairs
     # once for all its rows (as [BLOCK_N, 32, 4] Triton gave a lane two groups of one row, the other row's lanes
     # loading the same pairs again)
     pairs_at = pairs_ptr + word[None, :]
     x_ok = word[None, :] < GROUPS * 4
-    x0 = _over_rows(_load(pairs_at, x_ok, full, ""), BLOCK_N)
-    x1 = _over_rows(_load(pairs_at + GROUPS * 4, x_ok, full, ""), BLOCK_N)
-    x2 = _over_rows(_load(pairs_at + GROUPS * 8, x_ok, full, ""), BLOCK_N)
-    x3 = _over_rows(_load(pairs_at + GROUPS * 12, x_ok, full, ""), BLOCK_N)
-    return x0, x1, x2, x3
+    x0 = _over_rows(_load(pairs_at, x_ok, full), BLOCK_N)
+    x1 = _over_rows(_load(pairs_at + GROUPS * 4, x_ok, full), BLOCK_N)
+    x2 = _over_rows(_load(pairs_at + GROUPS * 8, x_ok, full), BLOCK_N)
+    x3 = _over_rows(_load(pairs_at + GROUPS * 12, x_ok, full), BLOCK_N)
+    return words4.to(tl.uint32, bitcast=True), scale, x0, x1, x2, x3
 
 
 @triton.jit
@@ -218,31 +209,22 @@ def _step_products(words4, scale, x0, x1, x2, x3, acc):
 
 @triton.jit
 def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.constexpr, K: tl.constexpr,
-                                BLOCK_N: tl.constexpr, PDL: tl.constexpr, NEXT_READS_AHEAD: tl.constexpr):
+                                BLOCK_N: tl.constexpr):
     """W[rows, :] @ x -> [BLOCK_N] float32, before the inputs' unscaling. W is one expert's MXFP4 as uint32 words
     [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order (`half_pairs`) as uint32
     float16 pairs [4, K/32, 4]. The lanes of a warp take 32 groups at a time, all of K in at most 4 unrolled steps,
     with masks only on the last step's groups past K (and on rows past N); a lane reads a row's group as one
-    16-byte load, its 16 input pairs as four. The kernel's `after_earlier_kernels(PDL, NEXT_READS_AHEAD)` is here,
-    between the weights' loads and the inputs': the weights come while the kernel before still runs."""
+    16-byte load, its 16 input pairs as four."""
     GROUPS: tl.constexpr = K // 32
     STEPS: tl.constexpr = triton.cdiv(GROUPS, 32)
     tl.static_assert(STEPS <= 4, "K up to 4096")
-    a0, a1 = _step_weights(words_ptr, scale_ptr, rows, N, GROUPS, BLOCK_N, 0)
+    a0, a1, a2, a3, a4, a5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 0)
     if STEPS > 1:
-        b0, b1 = _step_weights(words_ptr, scale_ptr, rows, N, GROUPS, BLOCK_N, 1)
+        b0, b1, b2, b3, b4, b5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 1)
     if STEPS > 2:
-        c0, c1 = _step_weights(words_ptr, scale_ptr, rows, N, GROUPS, BLOCK_N, 2)
+        c0, c1, c2, c3, c4, c5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 2)
     if STEPS > 3:
-        d0, d1 = _step_weights(words_ptr, scale_ptr, rows, N, GROUPS, BLOCK_N, 3)
-    after_earlier_kernels(PDL, NEXT_READS_AHEAD)
-    a2, a3, a4, a5 = _step_inputs(pairs_ptr, GROUPS, BLOCK_N, 0)
-    if STEPS > 1:
-        b2, b3, b4, b5 = _step_inputs(pairs_ptr, GROUPS, BLOCK_N, 1)
-    if STEPS > 2:
-        c2, c3, c4, c5 = _step_inputs(pairs_ptr, GROUPS, BLOCK_N, 2)
-    if STEPS > 3:
-        d2, d3, d4, d5 = _step_inputs(pairs_ptr, GROUPS, BLOCK_N, 3)
+        d0, d1, d2, d3, d4, d5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 3)
     # ptxas still issues a step's words while the step before multiplies and the scales after the products (SASS);
     # the barrier is what the H200 figures were measured with (bench/NOTES.md: forcing the order did not pay)
     tl.debug_barrier()
