@@ -12,8 +12,9 @@ dense MLP 10944, shared expert 1408):
   T × out floats per split.
 - T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores the same kernel takes
   x split once into two e4m3 terms and multiplies them with the stored weight on FP8 tensor cores
-  (fp8_products_triton.py), at 128 × 128 tiles, narrower where those leave SMs idle (`prefill_tiles`). Float32 x
-  and GPUs before sm_89 take 64 tokens × 128 rows × 64 inputs, no split, the weights converted in registers.
+  (fp8_products_triton.py), at 128 × 128 tiles, split over the inputs in two where those leave SMs idle
+  (`prefill_tiles`). Float32 x and GPUs before sm_89 take 64 tokens × 128 rows × 64 inputs, no split, the weights
+  converted in registers.
   Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1 and needs a
   bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
 """
@@ -57,12 +58,15 @@ def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) 
 
 
 def prefill_tiles(tokens: int, out_features: int, sm_count: int) -> tuple[int, Tiles, int]:
-    """(tokens a tile, weight tiles, split-K) for a chunk on FP8 products, from the H100 sweep at GLM-4.5-Air's shapes
-    (bench/NOTES.md): 128 tokens × 128 rows × 128 inputs on 8 warps; where that leaves fewer programs than half the
-    SMs (o_proj's 4096 rows are 32 row tiles), 64 × 64 on 4 warps (o_proj at 128 tokens: 63.8 against 108.6 us)."""
-    if triton.cdiv(out_features, 128) * triton.cdiv(tokens, 128) < sm_count // 2:
-        return 64, Tiles(64, 128, warps=4, stages=4), 1
-    return 128, Tiles(128, 128, warps=8, stages=4), 1
+    """(tokens a tile, weight tiles, split-K) for a chunk on FP8 products, from the H100 sweeps at GLM-4.5-Air's
+    shapes (bench/NOTES.md): 128 tokens × 128 rows × 128 inputs on 8 warps. Where that leaves fewer programs than
+    half the SMs (o_proj's 4096 rows are 32 row tiles), the inputs split in two, and the tokens go 64 a tile where
+    even the split leaves so few (o_proj, CUDA-graph times: 41.7 against 45.3 us per channel at 128 tokens, 69.3
+    against 76.9 block-128 at 256)."""
+    wide = triton.cdiv(out_features, 128) * triton.cdiv(tokens, 128)
+    if wide >= sm_count // 2:
+        return 128, Tiles(128, 128, warps=8, stages=4), 1
+    return (64 if 2 * wide < sm_count // 2 else 128), Tiles(128, 128, warps=8, stages=4), 2
 
 
 def run_fp8_linear(

@@ -78,13 +78,14 @@ def test_fp8_products_match_float32_reference(tokens, out, inputs, fmt, tiles, d
     assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
 
 
-def test_prefill_tiles_narrow_where_wide_ones_leave_sms_idle():
-    wide, narrow = (128, Tiles(128, 128, warps=8, stages=4), 1), (64, Tiles(64, 128, warps=4, stages=4), 1)
-    # GLM-4.5-Air-FP8 on 132 SMs: q_proj's 96 row tiles and the dense MLP's 86 keep wide tiles at 128 tokens
-    assert prefill_tiles(128, 12288, 132) == prefill_tiles(128, 10944, 132) == wide
-    # o_proj's 32 row tiles: 32 or 64 programs at 128 or 256 tokens
-    assert prefill_tiles(128, 4096, 132) == prefill_tiles(256, 4096, 132) == narrow
-    assert prefill_tiles(512, 4096, 132) == wide
+def test_prefill_tiles_split_where_wide_ones_leave_sms_idle():
+    tiles = Tiles(128, 128, warps=8, stages=4)
+    # GLM-4.5-Air-FP8 on 132 SMs: q_proj's 96 row tiles and the dense MLP's 86 keep one split at 128 tokens
+    assert prefill_tiles(128, 12288, 132) == prefill_tiles(128, 10944, 132) == (128, tiles, 1)
+    # o_proj's 32 row tiles: 32 programs at 128 tokens (64 even split in two: 64 tokens a tile), 64 at 256
+    assert prefill_tiles(128, 4096, 132) == (64, tiles, 2)
+    assert prefill_tiles(256, 4096, 132) == (128, tiles, 2)
+    assert prefill_tiles(512, 4096, 132) == (128, tiles, 1)
 
 
 @pytest.mark.parametrize(("glu", "with_residual"), [(True, False), (False, True), (True, True)])
