@@ -44,6 +44,7 @@ from app.kernels.rows_times_vector_triton import RowTiles, gated_rows_times_vect
 PROGRAMS_PER_SM = 2
 MIN_WARPS = 1024  # a single-token launch's warps at the least: about 8 an SM on the H200's 132, for 1-byte weights
 MIN_STEPS_PER_SPLIT = 4  # a split reads at least 4 steps of inputs, so partial sums stay few
+PREFILL_WEIGHT_TILES = Tiles(128, 128, warps=8, stages=4)  # a chunk's weight tiles on FP8 products (`prefill_tiles`)
 
 
 def pick_tiles(tokens: int, out_features: int, in_features: int, sm_count: int) -> tuple[int, Tiles, int]:
@@ -63,10 +64,10 @@ def prefill_tiles(tokens: int, out_features: int, sm_count: int) -> tuple[int, T
     half the SMs (o_proj's 4096 rows are 32 row tiles), the inputs split in two, and the tokens go 64 a tile where
     even the split leaves so few (o_proj, CUDA-graph times: 41.7 against 45.3 us per channel at 128 tokens, 69.3
     against 76.9 block-128 at 256)."""
-    wide = triton.cdiv(out_features, 128) * triton.cdiv(tokens, 128)
+    wide = triton.cdiv(out_features, PREFILL_WEIGHT_TILES.features) * triton.cdiv(tokens, 128)
     if wide >= sm_count // 2:
-        return 128, Tiles(128, 128, warps=8, stages=4), 1
-    return (64 if 2 * wide < sm_count // 2 else 128), Tiles(128, 128, warps=8, stages=4), 2
+        return 128, PREFILL_WEIGHT_TILES, 1
+    return (64 if 2 * wide < sm_count // 2 else 128), PREFILL_WEIGHT_TILES, 2
 
 
 def run_fp8_linear(
