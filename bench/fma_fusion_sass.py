@@ -31,24 +31,25 @@ N, K = 4096, 12288
 def compile_sm90(fusion: bool):
     tiles = one_token_tiles(K, glu=False)
     constants = dict(N=N, K=K, SCALES=1, SCALE_ROWS=1, SCALE_COLS=1, GLU=False, HAS_RESIDUAL=True,
-                     BLOCK_N=tiles.rows, BLOCK_K=tiles.depth, FOLD=tiles.fold)
+                     BLOCK_N=tiles.rows, BLOCK_K=tiles.depth, FOLD=tiles.fold, WARPS=tiles.warps, PDL=True)
     names = _one_token_kernel.arg_names
     signature = {**POINTERS, **dict.fromkeys(constants, "constexpr")}
     # as a launch specializes them: pointers 16-byte aligned
     attrs = {(names.index(name),): [["tt.divisibility", 16]] for name in POINTERS}
     source = ASTSource(_one_token_kernel, signature, {(names.index(k),): v for k, v in constants.items()}, attrs)
-    options = dict(num_warps=tiles.warps, enable_fp_fusion=fusion)
+    options = dict(num_warps=tiles.warps, enable_fp_fusion=fusion, launch_pdl=True)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def sass_opcodes(cubin: bytes) -> Counter:
+def sass_opcodes(cubin: bytes, modifiers: bool = False) -> Counter:
+    """The cubin's SASS opcodes counted, with their modifiers (IMAD.SHL.U32) or without (IMAD)."""
     tool = Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
         file.write(cubin)
         file.flush()
         listing = subprocess.run([tool, "-sass", file.name], capture_output=True, text=True, check=True).stdout
     # an instruction line: /*0a30*/  @!P0 FFMA R1, ... ;
-    return Counter(match.group(1).split(".")[0]
+    return Counter(match.group(1) if modifiers else match.group(1).split(".")[0]
                    for match in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", listing))
 
 
