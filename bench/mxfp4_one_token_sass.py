@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.kernels.gpt_oss_experts_half_pairs import _half_pairs_down_kernel, _half_pairs_gate_up_kernel
 from app.kernels.gpt_oss_experts_triton import HALF_PAIRS_DOWN_ROWS, HALF_PAIRS_ROWS
-from app.kernels.mxfp4_half_pairs import activation_shift
+from app.kernels.mxfp4_half_pairs import LARGEST_INPUT_EXPONENT, activation_shift
 from bench.fma_fusion_sass import sass_opcodes
 
 HIDDEN = WIDTH = 2880  # gpt-oss-20b
@@ -41,8 +41,8 @@ KERNELS = {
                      BLOCK_N=HALF_PAIRS_ROWS, PDL=True), HIDDEN),
     "down": (_half_pairs_down_kernel, {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16",
                                        "per_pick_ptr": "*fp32", **COLUMN_INDICES},
-             dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, ACT_UNSCALE=2.0 ** (14 - activation_shift(LIMIT)),
-                  BLOCK_N=HALF_PAIRS_DOWN_ROWS, PDL=True), WIDTH),
+             dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=HALF_PAIRS_DOWN_ROWS, PDL=True,
+                  ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT))), WIDTH),
 }
 DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2")
 
