@@ -19,18 +19,17 @@ from collections import Counter
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
 
 from app.kernels.gpt_oss_experts_half_pairs import _half_pairs_down_kernel, _half_pairs_gate_up_kernel
-from app.kernels.gpt_oss_experts_triton import HALF_PAIRS_DOWN_ROWS, HALF_PAIRS_ROWS
+from app.kernels.gpt_oss_experts_triton import pick_config
 from app.kernels.mxfp4_half_pairs import LARGEST_INPUT_EXPONENT, activation_shift
-from bench.fma_fusion_sass import sass_opcodes
+from bench.sm90_sass import compile_sm90, sass_opcodes
 
 HIDDEN = WIDTH = 2880  # gpt-oss-20b
 PICKS, COLUMNS, LIMIT = 4, 6, 7.0
+DEFAULT = pick_config(PICKS, mxfp4=True)  # one token's picks: the float16-pair programs
 TABLE = {"weight_ptr": "*i32", "scale_ptr": "*u8", "bias_ptr": "*bf16", "table_ptr": "*i64", "rows_ptr": "*i64"}
 COLUMN_INDICES = dict.fromkeys(("weight_column", "scale_column", "bias_column"), "i32")
 KERNELS = {
@@ -38,22 +37,13 @@ KERNELS = {
                                              "activations_ptr": "*fp16", "limit": "fp32", "alpha": "fp32",
                                              **COLUMN_INDICES},
                 dict(H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=COLUMNS, ACT_SCALE=2.0 ** activation_shift(LIMIT),
-                     BLOCK_N=HALF_PAIRS_ROWS, PDL=True), HIDDEN),
+                     BLOCK_N=DEFAULT.gate_up.features, PDL=True), DEFAULT.gate_up.warps, HIDDEN),
     "down": (_half_pairs_down_kernel, {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16",
                                        "per_pick_ptr": "*fp32", **COLUMN_INDICES},
-             dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=HALF_PAIRS_DOWN_ROWS, PDL=True,
-                  ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT))), WIDTH),
+             dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=DEFAULT.down.features, PDL=True,
+                  ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT))), DEFAULT.down.warps, WIDTH),
 }
 DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2")
-
-
-def compile_sm90(kernel, pointers: dict[str, str], constants: dict) -> bytes:
-    names = kernel.arg_names
-    signature = {**pointers, **dict.fromkeys(constants, "constexpr")}
-    attrs = {(names.index(name),): [["tt.divisibility", 16]] for name, kind in pointers.items() if kind[0] == "*"}
-    source = ASTSource(kernel, signature, {(names.index(k),): v for k, v in constants.items()}, attrs)
-    options = dict(num_warps=1, launch_pdl=True)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
 
 
 def classes(opcodes: Counter) -> dict[str, int]:
@@ -72,12 +62,13 @@ def classes(opcodes: Counter) -> dict[str, int]:
 
 def main(out_path: str) -> None:
     cases = []
-    for name, (kernel, pointers, constants, k_size) in KERNELS.items():
-        opcodes = sass_opcodes(compile_sm90(kernel, pointers, constants), modifiers=True)
+    for name, (kernel, arguments, constants, warps, k_size) in KERNELS.items():
+        compiled = compile_sm90(kernel, arguments, constants, num_warps=warps, launch_pdl=True)
+        opcodes = sass_opcodes(compiled.asm["cubin"], modifiers=True)
         steps = triton.cdiv(k_size // 32, 32)
         weights_a_lane = constants["BLOCK_N"] * steps * 32
         total = sum(opcodes.values())
-        case = {"kernel": name, "rows_a_program": constants["BLOCK_N"], "warps": 1, "inputs": k_size,
+        case = {"kernel": name, "rows_a_program": constants["BLOCK_N"], "warps": warps, "inputs": k_size,
                 "instructions": total, "weights_a_lane": weights_a_lane,
                 "instructions_per_weight": total / weights_a_lane, "classes": classes(opcodes),
                 "opcodes": dict(opcodes.most_common())}
