@@ -36,6 +36,7 @@ from app.kernels.gpt_oss_experts_triton import (
     LaunchConfig,
     Tiles,
     half_pairs_config,
+    half_pairs_on_mma_config,
     matrix_unit_config,
     pick_config,
     run_experts,
@@ -65,6 +66,8 @@ HALF_PAIR_SWEEP = [
     half_pairs_config(2, 4),
     half_pairs_config(2, 8),
 ]
+# T = 1 in float16 pairs on the matrix units (mxfp4_one_token_mma.py): warps of gate_up's and down's 16-row programs
+ON_MMA = [half_pairs_on_mma_config(*warps) for warps in ((2, 2), (4, 4), (4, 8), (8, 8))]
 # T = 1 as before the float16 pairs: float32 products (mxfp4_cuda_cores.py)
 FLOAT32_PRODUCTS = LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
 DENSE_TILE_SWEEP = [Tiles(32, 64, 4, 4), Tiles(64, 64, 4, 4), Tiles(64, 128, 4, 3), Tiles(128, 64, 4, 4)]
@@ -278,7 +281,7 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
         configs = [(tokens, None) for tokens in token_counts]
         if mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs
             configs += [(t, matrix_unit_config(t * PICKS, mxfp4)) for t in token_counts if t * PICKS <= 64]
-            configs += [(1, FLOAT32_PRODUCTS)] if 1 in token_counts else []
+            configs += [(1, config) for config in (FLOAT32_PRODUCTS, *ON_MMA)] if 1 in token_counts else []
         if tile_sweeps:
             sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
             save()
@@ -322,7 +325,8 @@ def compiled_resources() -> dict:
 
     resources = {}
     modules = (gpt_oss_experts_triton, gpt_oss_experts_half_pairs, mxfp4_half_pairs, expert_tiles)
-    names = [*KERNELS, "_half_pairs_gate_up_kernel", "_half_pairs_down_kernel"]
+    names = [*KERNELS, "_half_pairs_gate_up_kernel", "_half_pairs_down_kernel", "_mma_gate_up_kernel",
+             "_mma_down_kernel"]
     for name in names:
         kernel = next(getattr(m, name) for m in modules if hasattr(m, name))
         for caches in kernel.device_caches.values():

@@ -32,7 +32,7 @@ from app.kernels.expert_tiles import (
     sum_picks,
     tile_rows,
 )
-from app.kernels.gpt_oss_experts_half_pairs import run_in_half_pairs
+from app.kernels.gpt_oss_experts_half_pairs import clamped_swiglu, run_in_half_pairs
 from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_inputs
 
 # MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products: on the H200 they beat the
@@ -56,6 +56,12 @@ def half_pairs_config(rows: int, down_rows: int | None = None) -> LaunchConfig:
     """One-warp float16-pair programs of `rows` rows (`down_rows` for down, if given)."""
     down = Tiles(down_rows or rows, 1024, warps=1)
     return LaunchConfig(1, Tiles(rows, 1024, warps=1), down, cuda_cores=True, half_pairs=True)
+
+
+def half_pairs_on_mma_config(warps: int, down_warps: int | None = None) -> LaunchConfig:
+    """Float16 pairs on the matrix units: programs of 16 rows and `warps` warps (`down_warps` for down)."""
+    gate_up, down = Tiles(16, 1024, warps=warps), Tiles(16, 1024, warps=down_warps or warps)
+    return LaunchConfig(1, gate_up, down, cuda_cores=True, half_pairs=True, half_pairs_on_mma=True)
 
 
 def matrix_unit_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
@@ -121,7 +127,7 @@ def run_from_table(
     assert not config.half_pairs or (config.cuda_cores and config.pairs_per_tile == 1), "half pairs: 1 pair a tile"
     if config.half_pairs and hidden.dtype != torch.float32:  # float32 activations keep float32 products
         return run_in_half_pairs(hidden, arenas, table, rows, weights, limit, alpha, names,
-                                 (config.gate_up, config.down))
+                                 (config.gate_up, config.down), config.half_pairs_on_mma)
 
     num_pairs, device = rows.numel(), hidden.device
     plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)
@@ -256,9 +262,7 @@ def _gate_up_kernel(
     acc += bias.to(tl.float32)[:, None]
     # rows alternate gate, up: [BLOCK_N, M] -> [BLOCK_N/2, M, 2]
     gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))
-    gate = tl.minimum(gate, limit)
-    up = tl.minimum(tl.maximum(up, -limit), limit)
-    activation = (up + 1) * gate * tl.sigmoid(alpha * gate)
+    activation = clamped_swiglu(gate, up, limit, alpha)
     if CUDA_CORES:  # the down products read them as the hidden states: float32 by group, scaled
         activation *= X_SCALE
     order: tl.constexpr = GROUP_MAJOR if CUDA_CORES else IN_ORDER
