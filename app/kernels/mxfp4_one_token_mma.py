@@ -27,10 +27,12 @@ ROWS = tl.constexpr(16)  # rows of a tile: the MMA's M
 
 
 @triton.jit
-def _mma_rows(a0, a1, a2, a3, b0, b1, sums_r, sums_r8):
+def _mma_rows(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     """One m16n8k16 MMA over each warp's lanes: A's fragments a0..a3 (float16 pairs as uint32: rows r, r + 8 at k
     slots 2q, 2q + 1, then rows r, r + 8 at 2q + 8, 2q + 9), B's b0, b1 (the inputs at those k slots, the same in
-    every column) -> the running sums of rows r and r + 8 plus their 16 products, in every lane of the row."""
+    every column), C's c0..c3 (float32: rows r, r, r + 8, r + 8 at columns 2q, 2q + 1) -> D = C + A B. B's columns
+    are all alike, so D's are too: d0 = d1 is row r's sum, d2 = d3 row r + 8's, in every lane of the row. (Passing
+    c0 for c1 would cost ptxas a copy a product.)"""
     if EMULATED:
         a0_low, a0_high = halves(a0)
         a1_low, a1_high = halves(a1)
@@ -38,16 +40,14 @@ def _mma_rows(a0, a1, a2, a3, b0, b1, sums_r, sums_r8):
         a3_low, a3_high = halves(a3)
         b0_low, b0_high = halves(b0)
         b1_low, b1_high = halves(b1)
-        part_r = a0_low * b0_low + a0_high * b0_high + a2_low * b1_low + a2_high * b1_high
-        part_r8 = a1_low * b0_low + a1_high * b0_high + a3_low * b1_low + a3_high * b1_high
-        return sums_r + _over_quad(part_r), sums_r8 + _over_quad(part_r8)
-    # B's columns are all alike, so D's columns are too: d0 = d1 (row r), d2 = d3 (row r + 8)
-    d0, _, d2, _ = tl.inline_asm_elementwise(
+        part_r = _over_quad(a0_low * b0_low + a0_high * b0_high + a2_low * b1_low + a2_high * b1_high)
+        part_r8 = _over_quad(a1_low * b0_low + a1_high * b0_high + a3_low * b1_low + a3_high * b1_high)
+        return c0 + part_r, c1 + part_r, c2 + part_r8, c3 + part_r8
+    return tl.inline_asm_elementwise(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, "
         "{$10, $11, $12, $13};",
-        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, sums_r, sums_r, sums_r8, sums_r8],
+        "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
-    return d0, d2
 
 
 @triton.jit
@@ -78,8 +78,9 @@ def _group_sums(words_r, words_r8, scales_r, scales_r8, pairs, ok, sums_r, sums_
     x0, x1, x2, x3 = _lanes(x0, lanes), _lanes(x1, lanes), _lanes(x2, lanes), _lanes(x3, lanes)
     r0, r1, r2, r3 = code_pairs(words_r)
     s0, s1, s2, s3 = code_pairs(words_r8)
-    group_r, group_r8 = _mma_rows(r0, s0, r1, s1, x0, x1, tl.zeros_like(sums_r), tl.zeros_like(sums_r8))
-    group_r, group_r8 = _mma_rows(r2, s2, r3, s3, x2, x3, group_r, group_r8)
+    zero = tl.zeros_like(sums_r)
+    d0, d1, d2, d3 = _mma_rows(r0, s0, r1, s1, x0, x1, zero, zero, zero, zero)
+    group_r, _, group_r8, _ = _mma_rows(r2, s2, r3, s3, x2, x3, d0, d1, d2, d3)
     # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
     sums_r += group_r * (scale_r.to(tl.int32) << 23).to(tl.float32, bitcast=True)
     return sums_r, sums_r8 + group_r8 * (scale_r8.to(tl.int32) << 23).to(tl.float32, bitcast=True)
