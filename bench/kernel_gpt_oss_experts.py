@@ -66,8 +66,10 @@ HALF_PAIR_SWEEP = [
     half_pairs_config(2, 4),
     half_pairs_config(2, 8),
 ]
-# T = 1 in float16 pairs on the matrix units (mxfp4_one_token_mma.py): warps of gate_up's and down's 16-row programs
-ON_MMA = [half_pairs_on_mma_config(*warps) for warps in ((1, 1), (2, 2), (2, 4), (4, 4), (4, 8), (8, 8))]
+# T = 1 in float16 pairs on the matrix units (mxfp4_one_token_mma.py): warps of gate_up's and down's 16-row programs,
+# steps a load ahead of its products
+ON_MMA = [half_pairs_on_mma_config(*shape) for shape in ((1, 1, 1), (2, 2, 1), (2, 4, 1), (4, 4, 1), (4, 8, 1),
+                                                         (8, 8, 1), (1, 1, 4), (2, 2, 4), (2, 2, 8), (4, 4, 4))]
 # T = 1 as before the float16 pairs: float32 products (mxfp4_cuda_cores.py)
 FLOAT32_PRODUCTS = LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
 DENSE_TILE_SWEEP = [Tiles(32, 64, 4, 4), Tiles(64, 64, 4, 4), Tiles(64, 128, 4, 3), Tiles(128, 64, 4, 4)]

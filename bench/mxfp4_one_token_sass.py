@@ -55,10 +55,12 @@ KERNELS = {
                 DEFAULT.gate_up.features * triton.cdiv(HIDDEN // 32, 32) * 32),
     "down": (_half_pairs_down_kernel, DOWN_ARGUMENTS, dict(DOWN_CONSTANTS, BLOCK_N=DEFAULT.down.features),
              DEFAULT.down.warps, DEFAULT.down.features * triton.cdiv(WIDTH // 32, 32) * 32),
-    "gate_up on the matrix units": (_mma_gate_up_kernel, GATE_UP_ARGUMENTS, dict(GATE_UP_CONSTANTS, WARPS=MMA_WARPS),
-                                    MMA_WARPS, 16 * triton.cdiv(HIDDEN // 32, MMA_WARPS)),
-    "down on the matrix units": (_mma_down_kernel, DOWN_ARGUMENTS, dict(DOWN_CONSTANTS, WARPS=MMA_WARPS),
-                                 MMA_WARPS, 16 * triton.cdiv(WIDTH // 32, MMA_WARPS)),
+    "gate_up on the matrix units": (_mma_gate_up_kernel, GATE_UP_ARGUMENTS,
+                                    dict(GATE_UP_CONSTANTS, WARPS=MMA_WARPS, AHEAD=1), MMA_WARPS,
+                                    16 * triton.cdiv(HIDDEN // 32, MMA_WARPS)),
+    "down on the matrix units": (_mma_down_kernel, DOWN_ARGUMENTS,
+                                 dict(DOWN_CONSTANTS, WARPS=MMA_WARPS, AHEAD=1), MMA_WARPS,
+                                 16 * triton.cdiv(WIDTH // 32, MMA_WARPS)),
 }
 DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2", "HMMA")
 

@@ -40,7 +40,8 @@ def run_in_half_pairs(
 ) -> torch.Tensor:
     """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
     names the table's columns; `tiles` gives each projection's rows per program and warps. `on_matrix_units`: the
-    products as MMAs of 16 rows a program (mxfp4_one_token_mma.py), its warps splitting the inputs."""
+    products as MMAs of 16 rows a program (mxfp4_one_token_mma.py), its warps splitting the inputs, loads issued
+    `stages` steps ahead."""
     picks = rows.shape[1]
     hidden_size, width = hidden.shape[1], arenas["gate_up_proj_bias"].shape[1] // 2
     assert hidden_size % 32 == 0 and width % 32 == 0, "MXFP4 groups are 32 wide"
@@ -58,7 +59,7 @@ def run_in_half_pairs(
         gate_up_kernel, down_kernel = _half_pairs_gate_up_kernel, _half_pairs_down_kernel
 
     def program(tiles: Tiles) -> dict:  # a matrix-unit program's rows are fixed; its warps split the inputs
-        return {"WARPS": tiles.warps} if on_matrix_units else {"BLOCK_N": tiles.features}
+        return {"WARPS": tiles.warps, "AHEAD": tiles.stages} if on_matrix_units else {"BLOCK_N": tiles.features}
 
     gate_up_kernel[(num_pairs, triton.cdiv(2 * width, gate_up.features))](
         x, x_unscale, arenas["gate_up_proj_blocks"].view(torch.int32), arenas["gate_up_proj_scales"],
@@ -146,7 +147,7 @@ def _mma_gate_up_kernel(
     pairs_ptr, unscale_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, activations_ptr,
     limit, alpha, weight_column, scale_column, bias_column,
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr, ACT_SCALE: tl.constexpr,
-    WARPS: tl.constexpr, PDL: tl.constexpr,
+    WARPS: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """`_half_pairs_gate_up_kernel` on the matrix units: rows r and r + 8 of a tile are the gate and up rows of
     column r (rows alternate gate, up), so a lane's two sums make one activation."""
@@ -160,7 +161,8 @@ def _mma_gate_up_kernel(
     token = pair // PICKS
     gate_rows = tl.program_id(1) * ROWS + tl.arange(0, 32 * WARPS) % 32 // 4 * 2
     inputs = pairs_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (H // 2)  # K / 2 uint32 pairs a row
-    gate, up = mxfp4_tile_times_half_pairs(inputs, weights, scales, gate_rows, gate_rows + 1, 2 * W, H, WARPS)
+    gate, up = mxfp4_tile_times_half_pairs(inputs, weights, scales, gate_rows, gate_rows + 1, 2 * W, H, WARPS,
+                                           AHEAD)
     lane = tl.arange(0, 32)
     columns = tl.program_id(1) * (ROWS // 2) + lane // 4
     unscale = tl.load(unscale_ptr + token)
@@ -176,7 +178,7 @@ def _mma_down_kernel(
     activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
     weight_column, scale_column, bias_column,
     H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, WARPS: tl.constexpr,
-    PDL: tl.constexpr,
+    AHEAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """`_half_pairs_down_kernel` on the matrix units."""
     after_earlier_kernels(PDL)
@@ -188,7 +190,8 @@ def _mma_down_kernel(
                                       bias_column, COLUMNS)
     features = tl.program_id(1) * ROWS + tl.arange(0, 32 * WARPS) % 32 // 4
     inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
-    sums_r, sums_r8 = mxfp4_tile_times_half_pairs(inputs, weights, scales, features, features + 8, H, W, WARPS)
+    sums_r, sums_r8 = mxfp4_tile_times_half_pairs(inputs, weights, scales, features, features + 8, H, W, WARPS,
+                                                     AHEAD)
     lane = tl.arange(0, 32)
     features = tl.program_id(1) * ROWS + lane // 4
     features = features[:, None] + tl.arange(0, 2)[None, :] * 8  # [32, 2]: rows r, r + 8

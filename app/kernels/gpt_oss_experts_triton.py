@@ -58,9 +58,11 @@ def half_pairs_config(rows: int, down_rows: int | None = None) -> LaunchConfig:
     return LaunchConfig(1, Tiles(rows, 1024, warps=1), down, cuda_cores=True, half_pairs=True)
 
 
-def half_pairs_on_mma_config(warps: int, down_warps: int | None = None) -> LaunchConfig:
-    """Float16 pairs on the matrix units: programs of 16 rows and `warps` warps (`down_warps` for down)."""
-    gate_up, down = Tiles(16, 1024, warps=warps), Tiles(16, 1024, warps=down_warps or warps)
+def half_pairs_on_mma_config(warps: int, down_warps: int | None = None, ahead: int = 1) -> LaunchConfig:
+    """Float16 pairs on the matrix units: programs of 16 rows and `warps` warps (`down_warps` for down), each step's
+    loads issued `ahead` steps before its products."""
+    gate_up = Tiles(16, 1024, warps=warps, stages=ahead)
+    down = Tiles(16, 1024, warps=down_warps or warps, stages=ahead)
     return LaunchConfig(1, gate_up, down, cuda_cores=True, half_pairs=True, half_pairs_on_mma=True)
 
 

@@ -65,17 +65,21 @@ def _lanes(pairs, LANES: tl.constexpr):
 
 
 @triton.jit
-def _group_sums(words_r, words_r8, scales_r, scales_r8, pairs, ok, sums_r, sums_r8, FULL: tl.constexpr):
-    """sums_r, sums_r8 [L] + a group's products of rows r and r + 8, times its scale: each lane's word of the group in
-    both rows (words_r, words_r8 [L]), their scale bytes, and the word's 4 input pairs (pairs [1, L, 4]); nothing
-    where not `ok` [L]."""
-    words_r = load_unless_full(words_r, ok, FULL).to(tl.uint32, bitcast=True)
-    words_r8 = load_unless_full(words_r8, ok, FULL).to(tl.uint32, bitcast=True)
-    scale_r = load_unless_full(scales_r, ok, FULL)
-    scale_r8 = load_unless_full(scales_r8, ok, FULL)
-    x0, x1, x2, x3 = four(load_unless_full(pairs, ok[None, :, None], FULL))  # one 16-byte load
+def _group_loads(words_r, words_r8, scales_r, scales_r8, pairs, ok, FULL: tl.constexpr):
+    """A group's loads: each lane's word of the group in rows r and r + 8 (words_r, words_r8 [L]) as uint32, their
+    scale bytes, and the word's 4 input pairs (pairs [1, L, 4], one 16-byte load) as 4 [L] uint32; 0 where not `ok`."""
+    x0, x1, x2, x3 = four(load_unless_full(pairs, ok[None, :, None], FULL))
     lanes: tl.constexpr = ok.shape[0]
-    x0, x1, x2, x3 = _lanes(x0, lanes), _lanes(x1, lanes), _lanes(x2, lanes), _lanes(x3, lanes)
+    return (load_unless_full(words_r, ok, FULL).to(tl.uint32, bitcast=True),
+            load_unless_full(words_r8, ok, FULL).to(tl.uint32, bitcast=True),
+            load_unless_full(scales_r, ok, FULL), load_unless_full(scales_r8, ok, FULL),
+            _lanes(x0, lanes), _lanes(x1, lanes), _lanes(x2, lanes), _lanes(x3, lanes))
+
+
+@triton.jit
+def _group_products(loaded, sums_r, sums_r8):
+    """sums_r, sums_r8 [L] + a group's products of rows r and r + 8 (`_group_loads`), times its scale."""
+    words_r, words_r8, scale_r, scale_r8, x0, x1, x2, x3 = loaded
     r0, r1, r2, r3 = code_pairs(words_r)
     s0, s1, s2, s3 = code_pairs(words_r8)
     zero = tl.zeros_like(sums_r)
@@ -87,13 +91,24 @@ def _group_sums(words_r, words_r8, scales_r, scales_r8, pairs, ok, sums_r, sums_
 
 
 @triton.jit
+def _step_loads(at, step: tl.constexpr, WARPS: tl.constexpr, GROUPS: tl.constexpr, STEPS: tl.constexpr):
+    """`_group_loads` of step `step` from step 0's addresses `at` (and each lane's warp), masked off past the last
+    step and past the last group."""
+    words_r, words_r8, scales_r, scales_r8, pairs, warp = at
+    return _group_loads(words_r + 4 * WARPS * step, words_r8 + 4 * WARPS * step, scales_r + WARPS * step,
+                        scales_r8 + WARPS * step, pairs + 4 * WARPS * step, warp < GROUPS - WARPS * step,
+                        GROUPS % WARPS == 0 and step < STEPS)
+
+
+@triton.jit
 def mxfp4_tile_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows_r, rows_r8, N: tl.constexpr, K: tl.constexpr,
-                                WARPS: tl.constexpr):
+                                WARPS: tl.constexpr, AHEAD: tl.constexpr):
     """Rows rows_r and rows_r8 ([32 * WARPS] as lanes: r = lane % 32 // 4, the same in every warp) of W @ x ->
     two [32] float32 (lane r * 4 + q holds the sums of its rows), before the inputs' unscaling. W is one expert's
     MXFP4 as uint32 words [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order
     (`half_pairs`) as uint32 float16 pairs [4, K/32, 4]. Warp w takes groups w, w + WARPS, ...: all of K unrolled,
-    masks only where WARPS does not divide K/32."""
+    masks only where WARPS does not divide K/32. A step's loads are issued AHEAD steps before its products (1: just
+    before, where ptxas places them)."""
     GROUPS: tl.constexpr = K // 32
     STEPS: tl.constexpr = triton.cdiv(GROUPS, WARPS)
     tl.static_assert(N % ROWS.value == 0, "MXFP4 rows come in multiples of 32")
@@ -108,8 +123,17 @@ def mxfp4_tile_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows_r, rows_r8
     pairs = pairs_ptr + ((q * GROUPS + warp) * 4)[None, :, None] + tl.arange(0, 4)[None, None, :]
     sums_r = tl.zeros((32 * WARPS,), tl.float32)
     sums_r8 = tl.zeros((32 * WARPS,), tl.float32)
-    for step in tl.static_range(STEPS):
-        sums_r, sums_r8 = _group_sums(words_r + 4 * WARPS * step, words_r8 + 4 * WARPS * step,
-                                      scales_r + WARPS * step, scales_r8 + WARPS * step, pairs + 4 * WARPS * step,
-                                      warp < GROUPS - WARPS * step, sums_r, sums_r8, GROUPS % WARPS == 0)
+    at = (words_r, words_r8, scales_r, scales_r8, pairs, warp)
+    if AHEAD == 1:
+        for step in tl.static_range(STEPS):
+            loaded = _step_loads(at, step, WARPS, GROUPS, STEPS)
+            sums_r, sums_r8 = _group_products(loaded, sums_r, sums_r8)
+    else:
+        window = ()  # the loads of the next AHEAD steps (past the last step, masked off)
+        for step in tl.static_range(AHEAD):
+            window = window + (_step_loads(at, step, WARPS, GROUPS, STEPS),)  # noqa: RUF005 (Triton takes no *)
+        for step in tl.static_range(STEPS):
+            loaded = window[0]
+            window = window[1:] + (_step_loads(at, step + AHEAD, WARPS, GROUPS, STEPS),)  # noqa: RUF005
+            sums_r, sums_r8 = _group_products(loaded, sums_r, sums_r8)
     return tl.sum(tl.reshape(sums_r, (WARPS, 32)), axis=0), tl.sum(tl.reshape(sums_r8, (WARPS, 32)), axis=0)

@@ -177,7 +177,7 @@ def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, wi
 
 
 # on the matrix units: 3 groups on one warp, 5 on 4 warps (a masked step), two tokens of two picks, 2W = 320 rows
-ON_MMA = [(96, 96, 1, 4, half_pairs_on_mma_config(1)), (160, 160, 2, 2, half_pairs_on_mma_config(4, 2))]
+ON_MMA = [(96, 96, 1, 4, half_pairs_on_mma_config(1)), (160, 160, 2, 2, half_pairs_on_mma_config(4, 2, ahead=3))]
 
 
 @pytest.mark.parametrize(("hidden_size", "width", "tokens", "picks", "config"), ON_MMA, ids=["3-groups", "5-groups"])

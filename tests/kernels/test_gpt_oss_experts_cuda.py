@@ -98,10 +98,11 @@ def test_one_token_in_half_pairs_matches_float32_reference(rows, warps):
     assert relative_error(out, reference(hidden.bfloat16() * 3, arenas, slots, weights.bfloat16())) < 6e-3
 
 
-@pytest.mark.parametrize(("warps", "down_warps"), [(1, 1), (2, 2), (4, 4), (4, 8), (8, 8)])
-def test_one_token_on_matrix_units_matches_float32_reference(warps, down_warps):
+@pytest.mark.parametrize(("warps", "down_warps", "ahead"),
+                         [(1, 1, 1), (2, 2, 1), (4, 4, 1), (4, 8, 1), (8, 8, 1), (2, 2, 4), (1, 1, 8)])
+def test_one_token_on_matrix_units_matches_float32_reference(warps, down_warps, ahead):
     """The inline mma.sync on lanes as Triton lays them out, at 90 groups a row (masked steps past 2 warps)."""
     hidden, arenas, slots, weights = case(True, 1, warps + down_warps)
-    config = half_pairs_on_mma_config(warps, down_warps)
+    config = half_pairs_on_mma_config(warps, down_warps, ahead)
     out = experts(hidden.bfloat16() * 3, arenas, slots, weights.bfloat16(), config)
     assert relative_error(out, reference(hidden.bfloat16() * 3, arenas, slots, weights.bfloat16())) < 6e-3
