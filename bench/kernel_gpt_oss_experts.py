@@ -1,6 +1,7 @@
 """The fused GPT-OSS expert kernels on a CUDA GPU, at gpt-oss-20b's real shapes.
 
     python3 bench/kernel_gpt_oss_experts.py OUT.json [--tokens 1,4,16,128] [--formats mxfp4] [--no-tile-sweeps]
+        [--one-token]
 
 32 experts sit in cache slots (H = W = 2880), each token routes to 4 of them; T = 1, 4, 16, 128,
 256 tokens; MXFP4 and bf16 weights. MXFP4 at T <= 16 also runs the matrix-unit path (what decode took
@@ -273,7 +274,7 @@ def sweep_half_pairs(arenas) -> list[dict]:
     return rows
 
 
-def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps: bool) -> None:
+def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps: bool, one_token: bool) -> None:
     report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
     copy = report["copy_bandwidth"]
     for fmt in formats:
@@ -281,10 +282,12 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
         arenas = make_arenas(mxfp4)
         report["expert_bytes_" + fmt] = expert_bytes(arenas)
         configs = [(tokens, None) for tokens in token_counts]
-        if mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs
+        if one_token:  # the default against the one-token programs on the matrix units, nothing else
+            configs = [(1, None), *((1, config) for config in ON_MMA)] if mxfp4 else []
+        elif mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs
             configs += [(t, matrix_unit_config(t * PICKS, mxfp4)) for t in token_counts if t * PICKS <= 64]
             configs += [(1, config) for config in (FLOAT32_PRODUCTS, *ON_MMA)] if 1 in token_counts else []
-        if tile_sweeps:
+        if tile_sweeps and not one_token:
             sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
             save()
             if any("kernels_us" in row for row in sweep):
@@ -305,13 +308,11 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
             report["cases"].append(case)
             print_case(case)
             save()
-        if mxfp4:
+        if mxfp4 and not one_token:
             report["sweeps"]["mxfp4_cuda_cores"] = sweep_cuda_cores(arenas, [t for t in token_counts if t <= 16])
+            report["sweeps"]["mxfp4_half_pairs_T1"] = sweep_half_pairs(arenas) if 1 in token_counts else []
             save()
-        if mxfp4 and 1 in token_counts:
-            report["sweeps"]["mxfp4_half_pairs_T1"] = sweep_half_pairs(arenas)
-            save()
-        if tile_sweeps:
+        if tile_sweeps and not one_token:
             report["sweeps"][fmt + "_pairs_per_tile"] = sweep_pairs_per_tile(arenas, mxfp4)
             save()
         del arenas
@@ -373,8 +374,10 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", default=",".join(map(str, TOKEN_COUNTS)), help="token counts, comma-separated")
     parser.add_argument("--formats", default="mxfp4,bf16", help="weight formats, comma-separated: mxfp4, bf16")
     parser.add_argument("--no-tile-sweeps", action="store_true", help="skip the matrix-unit tile sweeps")
+    parser.add_argument("--one-token", action="store_true",
+                        help="only T = 1: the default against the programs on the matrix units (ON_MMA)")
     args = parser.parse_args()
     formats = args.formats.split(",")
     if not set(formats) <= {"mxfp4", "bf16"}:
         parser.error(f"--formats takes mxfp4 and bf16, not {args.formats!r}")
-    main(args.out, [int(t) for t in args.tokens.split(",")], formats, not args.no_tile_sweeps)
+    main(args.out, [int(t) for t in args.tokens.split(",")], formats, not args.no_tile_sweeps, args.one_token)
