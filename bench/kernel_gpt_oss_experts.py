@@ -1,7 +1,6 @@
 """The fused GPT-OSS expert kernels on a CUDA GPU, at gpt-oss-20b's real shapes.
 
     python3 bench/kernel_gpt_oss_experts.py OUT.json [--tokens 1,4,16,128] [--formats mxfp4] [--no-tile-sweeps]
-        [--one-token]
 
 32 experts sit in cache slots (H = W = 2880), each token routes to 4 of them; T = 1, 4, 16, 128,
 256 tokens; MXFP4 and bf16 weights. MXFP4 at T <= 16 also runs the matrix-unit path (what decode took
@@ -37,7 +36,6 @@ from app.kernels.gpt_oss_experts_triton import (
     LaunchConfig,
     Tiles,
     half_pairs_config,
-    half_pairs_on_mma_config,
     matrix_unit_config,
     pick_config,
     run_experts,
@@ -67,10 +65,6 @@ HALF_PAIR_SWEEP = [
     half_pairs_config(2, 4),
     half_pairs_config(2, 8),
 ]
-# T = 1 in float16 pairs on the matrix units (mxfp4_one_token_mma.py): warps of gate_up's and down's 16-row programs,
-# steps a load ahead of its products
-ON_MMA = [half_pairs_on_mma_config(*shape) for shape in ((1, 1, 1), (2, 2, 1), (2, 4, 1), (4, 4, 1), (4, 8, 1),
-                                                         (8, 8, 1), (1, 1, 4), (2, 2, 4), (2, 2, 8), (4, 4, 4))]
 # T = 1 as before the float16 pairs: float32 products (mxfp4_cuda_cores.py)
 FLOAT32_PRODUCTS = LaunchConfig(1, Tiles(16, 1024), Tiles(32, 1024), cuda_cores=True)
 DENSE_TILE_SWEEP = [Tiles(32, 64, 4, 4), Tiles(64, 64, 4, 4), Tiles(64, 128, 4, 3), Tiles(128, 64, 4, 4)]
@@ -274,7 +268,7 @@ def sweep_half_pairs(arenas) -> list[dict]:
     return rows
 
 
-def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps: bool, one_token: bool) -> None:
+def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps: bool) -> None:
     report, save = start_report(out_path, {"hidden": HIDDEN, "width": WIDTH, "slots": NUM_SLOTS, "picks": PICKS})
     copy = report["copy_bandwidth"]
     for fmt in formats:
@@ -282,12 +276,10 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
         arenas = make_arenas(mxfp4)
         report["expert_bytes_" + fmt] = expert_bytes(arenas)
         configs = [(tokens, None) for tokens in token_counts]
-        if one_token:  # the default against the one-token programs on the matrix units, nothing else
-            configs = [(1, None), *((1, config) for config in ON_MMA)] if mxfp4 else []
-        elif mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs
+        if mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs
             configs += [(t, matrix_unit_config(t * PICKS, mxfp4)) for t in token_counts if t * PICKS <= 64]
-            configs += [(1, config) for config in (FLOAT32_PRODUCTS, *ON_MMA)] if 1 in token_counts else []
-        if tile_sweeps and not one_token:
+            configs += [(1, FLOAT32_PRODUCTS)] if 1 in token_counts else []
+        if tile_sweeps:
             sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)
             save()
             if any("kernels_us" in row for row in sweep):
@@ -308,11 +300,13 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
             report["cases"].append(case)
             print_case(case)
             save()
-        if mxfp4 and not one_token:
+        if mxfp4:
             report["sweeps"]["mxfp4_cuda_cores"] = sweep_cuda_cores(arenas, [t for t in token_counts if t <= 16])
-            report["sweeps"]["mxfp4_half_pairs_T1"] = sweep_half_pairs(arenas) if 1 in token_counts else []
             save()
-        if tile_sweeps and not one_token:
+        if mxfp4 and 1 in token_counts:
+            report["sweeps"]["mxfp4_half_pairs_T1"] = sweep_half_pairs(arenas)
+            save()
+        if tile_sweeps:
             report["sweeps"][fmt + "_pairs_per_tile"] = sweep_pairs_per_tile(arenas, mxfp4)
             save()
         del arenas
@@ -328,8 +322,7 @@ def compiled_resources() -> dict:
 
     resources = {}
     modules = (gpt_oss_experts_triton, gpt_oss_experts_half_pairs, mxfp4_half_pairs, expert_tiles)
-    names = [*KERNELS, "_half_pairs_gate_up_kernel", "_half_pairs_down_kernel", "_mma_gate_up_kernel",
-             "_mma_down_kernel"]
+    names = [*KERNELS, "_half_pairs_gate_up_kernel", "_half_pairs_down_kernel"]
     for name in names:
         kernel = next(getattr(m, name) for m in modules if hasattr(m, name))
         for caches in kernel.device_caches.values():
@@ -374,10 +367,8 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", default=",".join(map(str, TOKEN_COUNTS)), help="token counts, comma-separated")
     parser.add_argument("--formats", default="mxfp4,bf16", help="weight formats, comma-separated: mxfp4, bf16")
     parser.add_argument("--no-tile-sweeps", action="store_true", help="skip the matrix-unit tile sweeps")
-    parser.add_argument("--one-token", action="store_true",
-                        help="only T = 1: the default against the programs on the matrix units (ON_MMA)")
     args = parser.parse_args()
     formats = args.formats.split(",")
     if not set(formats) <= {"mxfp4", "bf16"}:
         parser.error(f"--formats takes mxfp4 and bf16, not {args.formats!r}")
-    main(args.out, [int(t) for t in args.tokens.split(",")], formats, not args.no_tile_sweeps, args.one_token)
+    main(args.out, [int(t) for t in args.tokens.split(",")], formats, not args.no_tile_sweeps)

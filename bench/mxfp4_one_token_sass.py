@@ -1,16 +1,14 @@
 """Where the MXFP4 one-token expert programs spend their instructions, without a GPU: gpt-oss-20b's gate_up and down
-in float16 pairs (gpt_oss_experts_half_pairs.py) at the default rows a program, and on the matrix units (16 rows a
-program, mxfp4_one_token_mma.py) at 4 warps, compiled for sm_90 as an H200 launches them (dependent launches on),
-their SASS counted by class.
+in float16 pairs (gpt_oss_experts_half_pairs.py) at the default rows a program, compiled for sm_90 as an H200 launches
+them (dependent launches on), their SASS counted by class.
 
     python3 bench/mxfp4_one_token_sass.py OUT.json
 
-The classes: `decode and multiply`, the e2m1 codes put into float16 pairs and their products (LOP3, shifts, the
-IMAD.SHL that ptxas makes of some shifts, HFMA2 or HMMA); `loads`; `reduction across lanes` (SHFL and the adds beside
-it are counted with `other`); `other` (the table lookups, addresses, the groups' scales, the epilogue). Instructions per
-weight = the program's instructions / the weights one lane multiplies (float16 pairs: rows x 32 codes x 4-word groups
-a step x steps; matrix units: 16 codes of two rows' words a group x the groups of a warp; masked lanes and warps of
-the last step included). With Nsight Compute's issue rate (bench/NOTES.md) this says how far
+The classes: `decode and multiply`, the e2m1 codes put into float16 pairs and their packed FMAs (LOP3, shifts, the
+IMAD.SHL that ptxas makes of some shifts, HFMA2); `loads`; `reduction across lanes` (SHFL and the adds beside it are
+counted with `other`); `other` (the table lookups, addresses, the groups' scales, the epilogue). Instructions per
+weight = the program's instructions / the weights one lane multiplies (rows x 32 codes x 4-word groups a step x
+steps, masked lanes of the last step included). With Nsight Compute's issue rate (bench/NOTES.md) this says how far
 the programs are from being issue-bound. Uses the Triton installed (its bundled ptxas and cuobjdump).
 """
 
@@ -24,12 +22,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
 
-from app.kernels.gpt_oss_experts_half_pairs import (
-    _half_pairs_down_kernel,
-    _half_pairs_gate_up_kernel,
-    _mma_down_kernel,
-    _mma_gate_up_kernel,
-)
+from app.kernels.gpt_oss_experts_half_pairs import _half_pairs_down_kernel, _half_pairs_gate_up_kernel
 from app.kernels.gpt_oss_experts_triton import pick_config
 from app.kernels.mxfp4_half_pairs import LARGEST_INPUT_EXPONENT, activation_shift
 from bench.sm90_sass import compile_sm90, sass_opcodes
@@ -39,30 +32,18 @@ PICKS, COLUMNS, LIMIT = 4, 6, 7.0
 DEFAULT = pick_config(PICKS, mxfp4=True)  # one token's picks: the float16-pair programs
 TABLE = {"weight_ptr": "*i32", "scale_ptr": "*u8", "bias_ptr": "*bf16", "table_ptr": "*i64", "rows_ptr": "*i64"}
 COLUMN_INDICES = dict.fromkeys(("weight_column", "scale_column", "bias_column"), "i32")
-GATE_UP_ARGUMENTS = {"pairs_ptr": "*fp16", "unscale_ptr": "*fp32", **TABLE, "activations_ptr": "*fp16",
-                     "limit": "fp32", "alpha": "fp32", **COLUMN_INDICES}
-GATE_UP_CONSTANTS = dict(H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=COLUMNS, ACT_SCALE=2.0 ** activation_shift(LIMIT),
-                         PDL=True)
-DOWN_ARGUMENTS = {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16", "per_pick_ptr": "*fp32",
-                  **COLUMN_INDICES}
-DOWN_CONSTANTS = dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, PDL=True,
-                      ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT)))
-MMA_WARPS = 4
-# name: kernel, argument types, constants, warps, weights a lane
 KERNELS = {
-    "gate_up": (_half_pairs_gate_up_kernel, GATE_UP_ARGUMENTS,
-                dict(GATE_UP_CONSTANTS, BLOCK_N=DEFAULT.gate_up.features), DEFAULT.gate_up.warps,
-                DEFAULT.gate_up.features * triton.cdiv(HIDDEN // 32, 32) * 32),
-    "down": (_half_pairs_down_kernel, DOWN_ARGUMENTS, dict(DOWN_CONSTANTS, BLOCK_N=DEFAULT.down.features),
-             DEFAULT.down.warps, DEFAULT.down.features * triton.cdiv(WIDTH // 32, 32) * 32),
-    "gate_up on the matrix units": (_mma_gate_up_kernel, GATE_UP_ARGUMENTS,
-                                    dict(GATE_UP_CONSTANTS, WARPS=MMA_WARPS, AHEAD=1), MMA_WARPS,
-                                    16 * triton.cdiv(HIDDEN // 32, MMA_WARPS)),
-    "down on the matrix units": (_mma_down_kernel, DOWN_ARGUMENTS,
-                                 dict(DOWN_CONSTANTS, WARPS=MMA_WARPS, AHEAD=1), MMA_WARPS,
-                                 16 * triton.cdiv(WIDTH // 32, MMA_WARPS)),
+    "gate_up": (_half_pairs_gate_up_kernel, {"pairs_ptr": "*fp16", "unscale_ptr": "*fp32", **TABLE,
+                                             "activations_ptr": "*fp16", "limit": "fp32", "alpha": "fp32",
+                                             **COLUMN_INDICES},
+                dict(H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=COLUMNS, ACT_SCALE=2.0 ** activation_shift(LIMIT),
+                     BLOCK_N=DEFAULT.gate_up.features, PDL=True), DEFAULT.gate_up.warps, HIDDEN),
+    "down": (_half_pairs_down_kernel, {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16",
+                                       "per_pick_ptr": "*fp32", **COLUMN_INDICES},
+             dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=DEFAULT.down.features, PDL=True,
+                  ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT))), DEFAULT.down.warps, WIDTH),
 }
-DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2", "HMMA")
+DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2")
 
 
 def classes(opcodes: Counter) -> dict[str, int]:
@@ -81,11 +62,13 @@ def classes(opcodes: Counter) -> dict[str, int]:
 
 def main(out_path: str) -> None:
     cases = []
-    for name, (kernel, arguments, constants, warps, weights_a_lane) in KERNELS.items():
+    for name, (kernel, arguments, constants, warps, k_size) in KERNELS.items():
         compiled = compile_sm90(kernel, arguments, constants, num_warps=warps, launch_pdl=True)
         opcodes = sass_opcodes(compiled.asm["cubin"], modifiers=True)
+        steps = triton.cdiv(k_size // 32, 32)
+        weights_a_lane = constants["BLOCK_N"] * steps * 32
         total = sum(opcodes.values())
-        case = {"kernel": name, "rows_a_program": constants.get("BLOCK_N", 16), "warps": warps,
+        case = {"kernel": name, "rows_a_program": constants["BLOCK_N"], "warps": warps, "inputs": k_size,
                 "instructions": total, "weights_a_lane": weights_a_lane,
                 "instructions_per_weight": total / weights_a_lane, "classes": classes(opcodes),
                 "opcodes": dict(opcodes.most_common())}

@@ -53,9 +53,6 @@ class LaunchConfig:
     # and at one pair per tile with bf16 activations: in float16 pairs, the tiles' features rows and warps per
     # program, all of K in one pass (gpt_oss_experts_half_pairs.py)
     half_pairs: bool = False
-    # the float16 pairs multiplied on the matrix units, 16 rows a program and its warps splitting K
-    # (mxfp4_one_token_mma.py): features 16
-    half_pairs_on_mma: bool = False
 
 
 @dataclass

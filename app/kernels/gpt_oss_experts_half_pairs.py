@@ -23,7 +23,6 @@ from app.kernels.mxfp4_half_pairs import (
     mxfp4_rows_times_half_pairs,
     pair_order,
 )
-from app.kernels.mxfp4_one_token_mma import ROWS, mxfp4_tile_times_half_pairs
 
 
 def run_in_half_pairs(
@@ -36,12 +35,9 @@ def run_in_half_pairs(
     alpha: float,
     columns: tuple[str, ...],
     tiles: tuple[Tiles, Tiles],
-    on_matrix_units: bool = False,
 ) -> torch.Tensor:
     """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
-    names the table's columns; `tiles` gives each projection's rows per program and warps. `on_matrix_units`: the
-    products as MMAs of 16 rows a program (mxfp4_one_token_mma.py), its warps splitting the inputs, loads issued
-    `stages` steps ahead."""
+    names the table's columns; `tiles` gives each projection's rows per program and warps."""
     picks = rows.shape[1]
     hidden_size, width = hidden.shape[1], arenas["gate_up_proj_bias"].shape[1] // 2
     assert hidden_size % 32 == 0 and width % 32 == 0, "MXFP4 groups are 32 wide"
@@ -52,27 +48,18 @@ def run_in_half_pairs(
     down_columns = [columns.index(f"down_proj_{part}") for part in ("blocks", "scales", "bias")]
     activations = torch.empty((num_pairs, width), dtype=torch.float16, device=device)
     gate_up, down = tiles
-    if on_matrix_units:
-        assert gate_up.features == down.features == ROWS.value, "a matrix-unit program is one 16-row tile"
-        gate_up_kernel, down_kernel = _mma_gate_up_kernel, _mma_down_kernel
-    else:
-        gate_up_kernel, down_kernel = _half_pairs_gate_up_kernel, _half_pairs_down_kernel
-
-    def program(tiles: Tiles) -> dict:  # a matrix-unit program's rows are fixed; its warps split the inputs
-        return {"WARPS": tiles.warps, "AHEAD": tiles.stages} if on_matrix_units else {"BLOCK_N": tiles.features}
-
-    gate_up_kernel[(num_pairs, triton.cdiv(2 * width, gate_up.features))](
+    _half_pairs_gate_up_kernel[(num_pairs, triton.cdiv(2 * width, gate_up.features))](
         x, x_unscale, arenas["gate_up_proj_blocks"].view(torch.int32), arenas["gate_up_proj_scales"],
         arenas["gate_up_proj_bias"], table, rows, activations, limit, alpha, *gate_up_columns,
-        H=hidden_size, W=width, PICKS=picks, COLUMNS=len(columns), ACT_SCALE=2.0**shift, **program(gate_up),
+        H=hidden_size, W=width, PICKS=picks, COLUMNS=len(columns), ACT_SCALE=2.0**shift, BLOCK_N=gate_up.features,
         num_warps=gate_up.warps, **dependent_launch(device),
     )
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
-    down_kernel[(num_pairs, triton.cdiv(hidden_size, down.features))](
+    _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, down.features))](
         activations, arenas["down_proj_blocks"].view(torch.int32), arenas["down_proj_scales"],
         arenas["down_proj_bias"], table, rows, weights, per_pick, *down_columns,
         H=hidden_size, W=width, COLUMNS=len(columns), ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - shift),
-        **program(down), num_warps=down.warps, **dependent_launch(device),
+        BLOCK_N=down.features, num_warps=down.warps, **dependent_launch(device),
     )
     return sum_picks(per_pick, rows, hidden.dtype)
 
@@ -139,63 +126,3 @@ def _half_pairs_down_kernel(
     bias = tl.load(biases + features, mask=features < H).to(tl.float32)
     acc = (acc * ACT_UNSCALE + bias) * tl.load(routing_ptr + pair).to(tl.float32)
     tl.store(per_pick_ptr + pair * H + features, acc, mask=features < H)
-
-
-
-@triton.jit
-def _mma_gate_up_kernel(
-    pairs_ptr, unscale_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, activations_ptr,
-    limit, alpha, weight_column, scale_column, bias_column,
-    H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr, ACT_SCALE: tl.constexpr,
-    WARPS: tl.constexpr, AHEAD: tl.constexpr, PDL: tl.constexpr,
-):
-    """`_half_pairs_gate_up_kernel` on the matrix units: rows r and r + 8 of a tile are the gate and up rows of
-    column r (rows alternate gate, up), so a lane's two sums make one activation."""
-    after_earlier_kernels(PDL)
-    pair = tl.program_id(0)
-    row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
-    if row < 0:
-        return
-    weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
-                                      bias_column, COLUMNS)
-    token = pair // PICKS
-    gate_rows = tl.program_id(1) * ROWS + tl.arange(0, 32 * WARPS) % 32 // 4 * 2
-    inputs = pairs_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (H // 2)  # K / 2 uint32 pairs a row
-    gate, up = mxfp4_tile_times_half_pairs(inputs, weights, scales, gate_rows, gate_rows + 1, 2 * W, H, WARPS,
-                                           AHEAD)
-    lane = tl.arange(0, 32)
-    columns = tl.program_id(1) * (ROWS // 2) + lane // 4
-    unscale = tl.load(unscale_ptr + token)
-    gate = gate * unscale + tl.load(biases + 2 * columns, mask=columns < W).to(tl.float32)
-    up = up * unscale + tl.load(biases + 2 * columns + 1, mask=columns < W).to(tl.float32)
-    activation = clamped_swiglu(gate, up, limit, alpha) * ACT_SCALE  # read by down as its inputs: scaled
-    stored = (lane % 4 == 0) & (columns < W)  # a quad's 4 lanes hold the same sums
-    tl.store(activations_ptr + pair * W + pair_order(columns, W), activation.to(tl.float16), mask=stored)
-
-
-@triton.jit
-def _mma_down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
-    weight_column, scale_column, bias_column,
-    H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, WARPS: tl.constexpr,
-    AHEAD: tl.constexpr, PDL: tl.constexpr,
-):
-    """`_half_pairs_down_kernel` on the matrix units."""
-    after_earlier_kernels(PDL)
-    pair = tl.program_id(0)
-    row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
-    if row < 0:
-        return
-    weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
-                                      bias_column, COLUMNS)
-    features = tl.program_id(1) * ROWS + tl.arange(0, 32 * WARPS) % 32 // 4
-    inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
-    sums_r, sums_r8 = mxfp4_tile_times_half_pairs(inputs, weights, scales, features, features + 8, H, W, WARPS,
-                                                     AHEAD)
-    lane = tl.arange(0, 32)
-    features = tl.program_id(1) * ROWS + lane // 4
-    features = features[:, None] + tl.arange(0, 2)[None, :] * 8  # [32, 2]: rows r, r + 8
-    acc = tl.join(sums_r, sums_r8)
-    bias = tl.load(biases + features, mask=features < H).to(tl.float32)
-    acc = (acc * ACT_UNSCALE + bias) * tl.load(routing_ptr + pair).to(tl.float32)
-    tl.store(per_pick_ptr + pair * H + features, acc, mask=(lane % 4 == 0)[:, None] & (features < H))

@@ -58,14 +58,6 @@ def half_pairs_config(rows: int, down_rows: int | None = None) -> LaunchConfig:
     return LaunchConfig(1, Tiles(rows, 1024, warps=1), down, cuda_cores=True, half_pairs=True)
 
 
-def half_pairs_on_mma_config(warps: int, down_warps: int | None = None, ahead: int = 1) -> LaunchConfig:
-    """Float16 pairs on the matrix units: programs of 16 rows and `warps` warps (`down_warps` for down), each step's
-    loads issued `ahead` steps before its products."""
-    gate_up = Tiles(16, 1024, warps=warps, stages=ahead)
-    down = Tiles(16, 1024, warps=down_warps or warps, stages=ahead)
-    return LaunchConfig(1, gate_up, down, cuda_cores=True, half_pairs=True, half_pairs_on_mma=True)
-
-
 def matrix_unit_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     pairs_per_tile = 16 if num_pairs <= 256 else 32
     if mxfp4:
@@ -129,7 +121,7 @@ def run_from_table(
     assert not config.half_pairs or (config.cuda_cores and config.pairs_per_tile == 1), "half pairs: 1 pair a tile"
     if config.half_pairs and hidden.dtype != torch.float32:  # float32 activations keep float32 products
         return run_in_half_pairs(hidden, arenas, table, rows, weights, limit, alpha, names,
-                                 (config.gate_up, config.down), config.half_pairs_on_mma)
+                                 (config.gate_up, config.down))
 
     num_pairs, device = rows.numel(), hidden.device
     plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)

@@ -6,7 +6,7 @@ issue-bound well above the HBM floor. Here an e2m1 code goes straight into the b
 magnitude at bits 11..9 (the lowest two exponent bits and the highest mantissa bit) and its sign at 15: that
 float16 is the e2m1 value times 2^-14, also for the code 0.5 (a float16 subnormal, which float16 arithmetic
 keeps). One 32-bit word of 8 codes gives four float16 pairs, code p in the low half and code p + 4 in the high half
-(p = 0..3), with one shift and one mask each after two selects per word (`code_pairs`); one packed FMA (HFMA2)
+(p = 0..3), with one shift and one mask each after two selects per word (`_code_pairs`); one packed FMA (HFMA2)
 multiplies a pair with its two inputs: 15 instructions per 8 weights, 1.9 per weight (sm_90 disassembly; 19 with
 two shifts and two masks a pair). The packed FMA and the selects are inline PTX on a GPU (Triton's own float16
 arithmetic packs other elements together and shuffles the pairs apart; its selects take two masks); Triton's
@@ -80,7 +80,7 @@ def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, K: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def code_pairs(words):
+def _code_pairs(words):
     """Every uint32 of 8 codes in `words` -> its 4 float16 pairs (codes p and p + 4, p = 0..3) as uint32 bits,
     values times 2^-14. Code p's sign sits 3 bits above its magnitude in the word, 3 bits below it in a float16:
     two words that take the signs from the word shifted by 3 and the magnitudes from the word itself serve two
@@ -112,7 +112,7 @@ def _select_odd(words, shifted):
 
 
 @triton.jit
-def halves(pairs):
+def _halves(pairs):
     """uint32 float16 pairs -> (low, high) as float32."""
     low = (pairs & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True)
     return low.to(tl.float32), (pairs >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -135,8 +135,8 @@ def _fma_pairs(a, b, c):
 
 
 @triton.jit
-def four(t):
-    """[R, L, 4] -> its four [R, L] slices."""
+def _four(t):
+    """[R, 32, 4] -> its four [R, 32] slices."""
     first, second = tl.split(tl.reshape(t, (t.shape[0], t.shape[1], 2, 2)))  # 0, 2 and 1, 3
     t0, t2 = tl.split(first)
     t1, t3 = tl.split(second)
@@ -146,8 +146,8 @@ def four(t):
 @triton.jit
 def _word_times_pairs(words, x4, sums):
     """sums + the 8 products of each word [R, 32] with its inputs x4 [R, 32, 4] (its 4 pairs), in float16 pairs."""
-    x0, x1, x2, x3 = four(x4)
-    pair0, pair1, pair2, pair3 = code_pairs(words)
+    x0, x1, x2, x3 = _four(x4)
+    pair0, pair1, pair2, pair3 = _code_pairs(words)
     sums = _fma_pairs(pair0, x0, sums)
     sums = _fma_pairs(pair1, x1, sums)
     sums = _fma_pairs(pair2, x2, sums)
@@ -155,7 +155,7 @@ def _word_times_pairs(words, x4, sums):
 
 
 @triton.jit
-def load_unless_full(pointers, mask, FULL: tl.constexpr):
+def _load(pointers, mask, FULL: tl.constexpr):
     if FULL:
         return tl.load(pointers)
     return tl.load(pointers, mask=mask, other=0)
@@ -170,22 +170,20 @@ def _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N: tl.constexpr, GROUPS: 
     full: tl.constexpr = (STEP + 1) * 32 <= GROUPS
     word = STEP * 128 + tl.arange(0, 128)  # [32 groups, 4 words] flat: 128 contiguous words
     w_ok = (rows[:, None] < N) & (word[None, :] < GROUPS * 4)
-    words_at = words_ptr + rows[:, None] * (GROUPS * 4) + word[None, :]
-    words = load_unless_full(words_at, w_ok, full and N % BLOCK_N == 0)
+    words = _load(words_ptr + rows[:, None] * (GROUPS * 4) + word[None, :], w_ok, full and N % BLOCK_N == 0)
     words4 = tl.reshape(words, (BLOCK_N, 32, 4))
     # a byte per lane: contiguous bytes would go to one lane, and then to the others through shared memory
     scales_at = tl.max_contiguous(rows[:, None] * GROUPS + group[None, :], [1, 1])
-    scale_ok = (rows[:, None] < N) & (group[None, :] < GROUPS)
-    scale = load_unless_full(scale_ptr + scales_at, scale_ok, full and N % BLOCK_N == 0)
+    scale = _load(scale_ptr + scales_at, (rows[:, None] < N) & (group[None, :] < GROUPS), full and N % BLOCK_N == 0)
     # the inputs as [1, 128] (a row's 128 words' pairs), broadcast over the rows: each lane loads its group's pairs
     # once for all its rows (as [BLOCK_N, 32, 4] Triton gave a lane two groups of one row, the other row's lanes
     # loading the same pairs again)
     pairs_at = pairs_ptr + word[None, :]
     x_ok = word[None, :] < GROUPS * 4
-    x0 = _over_rows(load_unless_full(pairs_at, x_ok, full), BLOCK_N)
-    x1 = _over_rows(load_unless_full(pairs_at + GROUPS * 4, x_ok, full), BLOCK_N)
-    x2 = _over_rows(load_unless_full(pairs_at + GROUPS * 8, x_ok, full), BLOCK_N)
-    x3 = _over_rows(load_unless_full(pairs_at + GROUPS * 12, x_ok, full), BLOCK_N)
+    x0 = _over_rows(_load(pairs_at, x_ok, full), BLOCK_N)
+    x1 = _over_rows(_load(pairs_at + GROUPS * 4, x_ok, full), BLOCK_N)
+    x2 = _over_rows(_load(pairs_at + GROUPS * 8, x_ok, full), BLOCK_N)
+    x3 = _over_rows(_load(pairs_at + GROUPS * 12, x_ok, full), BLOCK_N)
     return words4.to(tl.uint32, bitcast=True), scale, x0, x1, x2, x3
 
 
@@ -198,13 +196,13 @@ def _over_rows(pairs, BLOCK_N: tl.constexpr):
 @triton.jit
 def _step_products(words4, scale, x0, x1, x2, x3, acc):
     """acc [BLOCK_N, 32] + each lane's group sums of a step, in float32 times the groups' scales."""
-    words0, words1, words2, words3 = four(words4)
+    words0, words1, words2, words3 = _four(words4)
     sums = tl.zeros(acc.shape, tl.uint32)  # float16 pairs: a group's 16 products per half
     sums = _word_times_pairs(words0, x0.to(tl.uint32, bitcast=True), sums)
     sums = _word_times_pairs(words1, x1.to(tl.uint32, bitcast=True), sums)
     sums = _word_times_pairs(words2, x2.to(tl.uint32, bitcast=True), sums)
     sums = _word_times_pairs(words3, x3.to(tl.uint32, bitcast=True), sums)
-    low, high = halves(sums)
+    low, high = _halves(sums)
     # scale byte s means 2^(s - 127): the float32 whose exponent field is s (0 -> 0.0)
     return acc + (low + high) * (scale.to(tl.int32) << 23).to(tl.float32, bitcast=True)
 
