@@ -66,7 +66,8 @@ def run_in_half_pairs(
 
 @triton.jit
 def clamped_swiglu(gate, up, limit, alpha):
-    """GPT-OSS's activation of a gate and up value (float32)."""
+    """GPT-OSS's activation of a gate and up value (float32), for both expert kernels: the torch reference's
+    `clamped_swiglu` (gpt_oss_experts.py) on values already split into gate and up."""
     gate = tl.minimum(gate, limit)
     up = tl.minimum(tl.maximum(up, -limit), limit)
     return (up + 1) * gate * tl.sigmoid(alpha * gate)
