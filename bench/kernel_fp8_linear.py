@@ -12,9 +12,10 @@ dequantized to bf16 at load, the engine's path before this kernel: twice the byt
 x + output, each once; floor = bytes / device-to-device copy bandwidth (read + write) measured in the same run.
 `split_sweep`: T = 1, k_proj and o_proj, per-channel, over weight tiles and split-K. With --prefill instead: a
 prefill chunk (PREFILL_CHUNK tokens, and 128) of the large products, both formats: the converting kernel at its
-default tiles, then the FP8 products (fp8_products_triton.py, x split into two e4m3 terms: the split's launch is
-timed with each product, and alone) at their default and over tiles (PREFILL_SWEEP: tokens a tile, weight rows,
-inputs a step, warps, stages), against bf16 cuBLAS.
+default tiles, then the FP8 products (fp8_products_triton.py, x quantized to e4m3 as the checkpoint declares: the
+quantizing launch is timed with each product, and alone) at their default and over tiles (PREFILL_SWEEP: tokens a
+tile, weight rows, inputs a step, warps, stages), against bf16 cuBLAS and torch's own FP8 product (`torch._scaled_mm`
+of the same quantized x, without its quantizing launch; per channel, and with block scales where torch takes them).
 """
 
 import math
@@ -31,10 +32,11 @@ from app.kernels.expert_tiles import Tiles
 from app.kernels.formats.fp8 import dequantize_blocks, dequantize_per_channel
 from app.kernels.fp8_linear import fp8_linear_torch
 from app.kernels.fp8_linear_triton import pick_tiles, prefill_tiles, run_fp8_linear
-from app.kernels.fp8_products_triton import split_activations
+from app.kernels.fp8_products_triton import quantize_activations, runs_fp8_products
 from app.plan import PREFILL_CHUNK
 from bench.kernel_gpt_oss_experts import attempt, start_report
 from tests.kernels.poison import poisoned_allocations
+from tests.kernels.test_fp8_prefill import dequantized_activations
 
 SHAPES = {  # zai-org/GLM-4.5-Air-FP8: (out, in)
     "q_proj": (12288, 4096), "k_proj": (1024, 4096), "o_proj": (4096, 12288),
@@ -65,12 +67,15 @@ def dequantized(weight: torch.Tensor, scale: torch.Tensor, block) -> torch.Tenso
     return dequantize_blocks(weight, scale, block, torch.bfloat16)
 
 
-def check(weight, scale, block, tokens: int, product=None) -> dict:
-    """`product` (x -> x @ W.T; run_fp8_linear at its own tiles where None) against the float32 reference."""
+def check(weight, scale, block, tokens: int, product=None, fp8_products: bool | None = None) -> dict:
+    """`product` (x -> x @ W.T; run_fp8_linear at its own tiles where None) against the float32 reference, of x as
+    quantized where the product runs on FP8 products (`fp8_products`; None: where run_fp8_linear takes them)."""
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
     with poisoned_allocations():
         out = product(x) if product else run_fp8_linear(x, weight, scale, block)
-    ref = fp8_linear_torch(x.float(), weight, scale, block)
+    quantized = runs_fp8_products(x, weight) if fp8_products is None else fp8_products
+    ref = fp8_linear_torch(dequantized_activations(x, block and block[1]) if quantized else x.float(), weight, scale,
+                           block)
     error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
     return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2}
 
@@ -101,6 +106,18 @@ def time_cublas(weight, scale, block, tokens: int) -> dict:
             "bf16_bytes_read": bf16.nbytes + x.nbytes + tokens * weight.shape[0] * 2}
 
 
+def time_scaled_mm(weight, scale, block, tokens: int) -> dict:
+    """torch's FP8 x FP8 product (cuBLASLt / CUTLASS) of x quantized as run_fp8_linear quantizes it, in a graph."""
+    x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
+    q, x_scale = quantize_activations(x, block and block[1])
+    scales = (x_scale[:, None], scale.T) if block is None else (x_scale, scale)
+    product = partial(torch._scaled_mm, q, weight.T, *scales, out_dtype=torch.bfloat16)
+    ref = fp8_linear_torch(dequantized_activations(x, block and block[1]), weight, scale, block).double()
+    error = ((product().double() - ref).norm() / ref.norm()).item()
+    graph_ms = do_bench_cudagraph(product, rep=20, return_mode="median")
+    return {"torch_scaled_mm_graph_us": graph_ms * 1e3, "torch_scaled_mm_relative_error": error}
+
+
 def prefill_sweep(report: dict, save) -> None:
     sweep = report["sweeps"]["prefill"] = []
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
@@ -109,34 +126,40 @@ def prefill_sweep(report: dict, save) -> None:
             weight, scale = make_weight(*SHAPES[name], block)
             for tokens in (PREFILL_CHUNK, 128):
                 cublas = attempt(time_cublas, weight, scale, block, tokens)
+                cublas |= {key if key.startswith("torch") else f"torch_scaled_mm_{key}": value
+                           for key, value in attempt(time_scaled_mm, weight, scale, block, tokens).items()}
                 converting = ("converting", pick_tiles(tokens, *SHAPES[name], sm_count))
                 default = f"default {prefill_tiles(tokens, SHAPES[name][0], sm_count)}"
                 fp8 = [("fp8 products", tiles) for tiles in [None, *PREFILL_SWEEP]]
                 for kernel, tiles in [converting, *fp8]:
                     row = {"format": fmt, "weight": name, "tokens": tokens, "kernel": kernel,
                            "tiles": repr(tiles) if tiles else default, **cublas}
+                    fp8_products = kernel != "converting"
                     product = partial(run_fp8_linear, weight=weight, scale=scale, block=block, tiles=tiles,
-                                      fp8_products=kernel != "converting")
-                    row |= attempt(prefill_case, weight, scale, block, tokens, product)
+                                      fp8_products=fp8_products)
+                    row |= attempt(prefill_case, weight, scale, block, tokens, product, fp8_products)
                     sweep.append(row)
                     error = row.get("relative_error", row.get("error"))
                     print(f"  prefill {fmt:11} {name:10} T={tokens} {kernel:12} {row['tiles']:66} "
                           f"op {row.get('op_us', 0):6.1f} graph {row.get('graph_us', 0):6.1f} us cuBLAS "
                           f"{row.get('bf16_cublas_us', 0):6.1f} graph {row.get('bf16_cublas_graph_us', 0):6.1f} us "
+                          f"scaled_mm graph {row.get('torch_scaled_mm_graph_us', 0):6.1f} us "
                           f"err {error}", flush=True)
                     save()
     x = torch.randn(PREFILL_CHUNK, SHAPES["q_proj"][1], device="cuda").bfloat16()
-    report["split_activations_graph_us"] = do_bench_cudagraph(lambda: split_activations(x), rep=20,
-                                                              return_mode="median") * 1e3
+    for fmt, block in FORMATS.items():
+        group = block and block[1]
+        report[f"quantize_activations_graph_us_{fmt}"] = do_bench_cudagraph(
+            lambda group=group: quantize_activations(x, group), rep=20, return_mode="median") * 1e3
 
 
-def prefill_case(weight, scale, block, tokens: int, product) -> dict:
+def prefill_case(weight, scale, block, tokens: int, product, fp8_products: bool) -> dict:
     """The product's error against the float32 reference and its time: eager (do_bench; a prefill reads each weight
     once per chunk, cached or not), and in a CUDA graph, without the host's launches between the kernels."""
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
     ms = do_bench(lambda: product(x), warmup=10, rep=50, return_mode="median")
     graph_ms = do_bench_cudagraph(lambda: product(x), rep=20, return_mode="median")
-    return {**check(weight, scale, block, tokens, product), "op_us": ms * 1e3, "graph_us": graph_ms * 1e3}
+    return {**check(weight, scale, block, tokens, product, fp8_products), "op_us": ms * 1e3, "graph_us": graph_ms * 1e3}
 
 
 def main(out_path: str, prefill: bool) -> None:

@@ -11,10 +11,10 @@ dense MLP 10944, shared expert 1408):
   without splits but with an epilogue writes one float32 share for it): deterministic, no atomics, a buffer of
   T × out floats per split.
 - T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores the same kernel takes
-  x split once into two e4m3 terms and multiplies them with the stored weight on FP8 tensor cores
-  (fp8_products_triton.py), at 128 × 128 tiles, split over the inputs in two where those leave SMs idle
-  (`prefill_tiles`). Float32 x and GPUs before sm_89 take 64 tokens × 128 rows × 64 inputs, no split, the weights
-  converted in registers.
+  x quantized once to e4m3 as the checkpoint declares (per token, or per token and block column) and multiplies it
+  with the stored weight on FP8 tensor cores (fp8_products_triton.py), at 128 × 128 tiles, split over the inputs in
+  two where those leave SMs idle (`prefill_tiles`). Float32 x and GPUs before sm_89 take 64 tokens × 128 rows ×
+  64 inputs, no split, the weights converted in registers.
   Dequantizing to bf16 and calling cuBLAS instead would move 1 + 2 + 2 bytes per weight rather than 1 and needs a
   bf16 copy of the weight (96 MiB for o_proj) as workspace the plan does not hold.
 """
@@ -96,7 +96,7 @@ def run_fp8_linear(
                  else pick_tiles(tokens, out_features, in_features, sm_count))
     block_m, weight_tiles, split = tiles
     dtype, half = x.dtype, x.dtype != torch.float32 and not fp8
-    x_terms = input_terms(tile_inputs(x, projection, half), fp8)
+    x_terms = input_terms(tile_inputs(x, projection, half), fp8, projection.input_group())
     step = projection.step(weight_tiles)
     # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
     steps = triton.cdiv(in_features, step)
@@ -183,14 +183,14 @@ def run_one_token(
 
 @triton.jit
 def _fp8_linear_kernel(
-    x_ptr, lo_ptr, token_scale_ptr, weight_ptr, scale_ptr, out_ptr, tokens, n_size, k_size, k_per_split,
+    x_ptr, x_scale_ptr, weight_ptr, scale_ptr, out_ptr, tokens, n_size, k_size, k_per_split,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (row tile, token tile, split): W[rows, split's inputs] @ x[tokens, split's inputs]^T into
-    out[split, tokens, rows] (out is [tokens, rows] in x's dtype when there is one split). With FP8, x_ptr, lo_ptr
-    and token_scale_ptr are x's two e4m3 terms and scales (fp8_products_triton.py); else the first is x."""
+    out[split, tokens, rows] (out is [tokens, rows] in x's dtype when there is one split). With FP8, x_ptr and
+    x_scale_ptr are x quantized and its scales (fp8_products_triton.py); else the first is x."""
     features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)  # token rows of x
     split = tl.program_id(2)
@@ -199,7 +199,7 @@ def _fp8_linear_kernel(
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, k_size)
     if FP8:
-        acc = fp8_products(x_ptr, lo_ptr, token_scale_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
+        acc = fp8_products(x_ptr, x_scale_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,
                            SCALES, SCALE_COLS, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = _expert_matmul(x_ptr, rows, used, w_rows, s_rows, row_ok, k_begin, k_end, k_size,

@@ -10,8 +10,8 @@ multiplies the products once in the epilogue; a block scale [S, ceil(out/b0), ce
 step's weights in registers (steps never straddle a block column), so that the products add up in the tensor
 cores' accumulator. Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be
 as small as 16 at decode. A prefill chunk of FP8 experts with 16-bit activations where FP8 tensor cores are
-(`LaunchConfig.fp8_products`) skips the conversion: x and the activations each split once into two e4m3 terms, FP8 x
-FP8 products of the stored weights (fp8_products_triton.py).
+(`LaunchConfig.fp8_products`) skips the conversion: x and the activations each quantized once to e4m3 as the
+checkpoint declares, FP8 x FP8 products of the stored weights (fp8_products_triton.py).
 
 - gate_up: a tile's rows are gate rows and the same features' up rows, read in one loop and one
   product; SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
@@ -82,6 +82,10 @@ class Projection:
     def step(self, tiles: Tiles) -> int:
         """Inputs per loop step: a block scale's columns split into whole steps."""
         return math.gcd(tiles.depth, self.block[1]) if self.kind == PER_BLOCK else tiles.depth
+
+    def input_group(self) -> int | None:
+        """Inputs per scale of x quantized for FP8 products: a block column, else the whole row (None)."""
+        return self.block[1] if self.kind == PER_BLOCK else None
 
     def inside_scale_blocks(self, tiles: RowTiles) -> RowTiles:
         """`tiles` with a program's rows inside one block row of scales (rows_times_vector_triton.py)."""
@@ -167,7 +171,7 @@ def run_from_table(
     fp8 = config.fp8_products and runs_fp8_products(hidden, gate.weight)
     half = config.fp16_products and hidden.dtype != torch.float32 and not fp8
     inputs = tile_inputs(hidden, gate, half)  # float16 inputs come with float16 activations
-    x_terms = input_terms(inputs, fp8)
+    x_terms = input_terms(inputs, fp8, gate.input_group())
 
     activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
     tiles = config.gate_up
@@ -177,7 +181,7 @@ def run_from_table(
         **shared, **gate.constants(half), FP8=fp8, BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
     )
-    activation_terms = input_terms(activations, fp8)
+    activation_terms = input_terms(activations, fp8, down.input_group())
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](
@@ -276,7 +280,7 @@ def _gate_and_up(table_ptr, row, gate_column, gate_scale_column, up_column, up_s
 
 @triton.jit
 def _gate_up_kernel(
-    hidden_ptr, lo_ptr, token_scale_ptr, gate_ptr, gate_scale_ptr, table_ptr,
+    hidden_ptr, hidden_scale_ptr, gate_ptr, gate_scale_ptr, table_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, activations_ptr, hidden_size, width, picks,
     gate_column, gate_scale_column, up_column, up_scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
@@ -284,7 +288,7 @@ def _gate_up_kernel(
     ELEMENT_BYTES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """A tile's rows are BLOCK_N / 2 gate rows, then the same features' up rows: one product reads both. With FP8,
-    hidden_ptr, lo_ptr and token_scale_ptr are x's terms (fp8_products_triton.py); else the first is x."""
+    hidden_ptr and hidden_scale_ptr are x quantized and its scales (fp8_products_triton.py); else the first is x."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
@@ -296,7 +300,7 @@ def _gate_up_kernel(
                                          is_up, gate_ptr, gate_scale_ptr, COLUMNS, SCALES, ELEMENT_BYTES)
     w_rows, s_rows = _row_pointers(weight_ptr, scale_ptr, features, width, hidden_size, SCALES, SCALE_ROWS, SCALE_COLS)
     if FP8:
-        acc = fp8_products(hidden_ptr, lo_ptr, token_scale_ptr, tokens, used, w_rows, s_rows, features < width, 0,
+        acc = fp8_products(hidden_ptr, hidden_scale_ptr, tokens, used, w_rows, s_rows, features < width, 0,
                            hidden_size, hidden_size, SCALES, SCALE_COLS, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = _expert_matmul(
@@ -313,14 +317,14 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    activations_ptr, lo_ptr, activation_scale_ptr, weight_ptr, scale_ptr, table_ptr, routing_ptr,
+    activations_ptr, activation_scale_ptr, weight_ptr, scale_ptr, table_ptr, routing_ptr,
     sorted_pairs_ptr, sorted_slots_ptr, tile_starts_ptr, tile_count_ptr, per_pick_ptr, hidden_size, width,
     weight_column, scale_column,
     SCALES: tl.constexpr, SCALE_ROWS: tl.constexpr, SCALE_COLS: tl.constexpr,
     F32_INPUTS: tl.constexpr, UPCAST: tl.constexpr, HALF: tl.constexpr, FP8: tl.constexpr, COLUMNS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """With FP8, activations_ptr, lo_ptr and activation_scale_ptr are the activations' terms (as in gate_up)."""
+    """With FP8, activations_ptr and activation_scale_ptr are the activations quantized and their scales."""
     if tl.program_id(0) >= tl.load(tile_count_ptr):
         return
     positions, row, used = tile_rows(tile_starts_ptr, sorted_slots_ptr, BLOCK_M)
@@ -330,7 +334,7 @@ def _down_kernel(
     scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
     w_rows, s_rows = _row_pointers(weights, scales, features, hidden_size, width, SCALES, SCALE_ROWS, SCALE_COLS)
     if FP8:
-        acc = fp8_products(activations_ptr, lo_ptr, activation_scale_ptr, positions, used, w_rows, s_rows,
+        acc = fp8_products(activations_ptr, activation_scale_ptr, positions, used, w_rows, s_rows,
                            features < hidden_size, 0, width, width, SCALES, SCALE_COLS, BLOCK_M, BLOCK_N, BLOCK_K)
     else:
         acc = _expert_matmul(

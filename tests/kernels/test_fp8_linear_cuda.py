@@ -7,13 +7,14 @@ import torch
 from app.engine.layers.linear import Fp8Weight
 from app.engine.loader import load_model
 from app.kernels import fp8_bytes
+from app.kernels.expert_tiles import DECODE_TOKENS
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
-from app.kernels.fp8_products_triton import split_activations
+from app.kernels.fp8_products_triton import quantize_activations
 from app.model_folder import ModelFolder
 from tests.fixtures.tiny_glm import write_tiny_glm
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_fp8_linear import FORMATS, random_fp8_linear
-from tests.kernels.test_fp8_prefill import awkward_activations, split_reference
+from tests.kernels.test_fp8_prefill import awkward_activations, dequantized_activations, quantize_reference
 from tests.kernels.test_gpt_oss_experts import relative_error
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -33,22 +34,26 @@ def case(out: int, inputs: int, fmt: str, tokens: int, seed: int):
 @pytest.mark.parametrize("fmt", GPU_FORMATS)
 @pytest.mark.parametrize("shape", AIR_SHAPES)
 def test_bfloat16_kernel_matches_float32_reference(shape, fmt, tokens):
+    """A prefill chunk's x is quantized (fp8_products_triton.py): the reference multiplies x as quantized."""
     x, weight, scale = case(*shape, fmt, tokens, seed=tokens + shape[0])
     with poisoned_allocations():
         y = fp8_linear(x.bfloat16(), weight, scale, FORMATS[fmt])
     assert y.dtype == torch.bfloat16 and y.isfinite().all()
+    if tokens > DECODE_TOKENS:
+        x = dequantized_activations(x.bfloat16(), FORMATS[fmt] and FORMATS[fmt][1])
     assert relative_error(y, fp8_linear_torch(x, weight, scale, FORMATS[fmt])) < 1e-2
 
 
+@pytest.mark.parametrize("group", [None, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_compiled_split_of_a_prefill_chunk_gives_the_nearest_e4m3_terms(dtype):
-    """The split's rounding is float32 arithmetic that a compiler must not fold away (fp8_products_triton.py)."""
+def test_compiled_quantization_of_a_prefill_chunk_gives_the_nearest_e4m3_values(dtype, group):
+    """The rounding is float32 arithmetic that a compiler must not fold away (fp8_products_triton.py)."""
     x = awkward_activations(dtype).cuda()
     with poisoned_allocations():
-        hi, lo, scale = split_activations(x)
-    ref_hi, ref_lo, ref_scale = split_reference(x)
+        q, scale = quantize_activations(x, group)
+    ref_q, ref_scale = quantize_reference(x, group)
     torch.testing.assert_close(scale, ref_scale, rtol=0, atol=0)
-    assert torch.equal(hi.float(), ref_hi.float()) and torch.equal(lo.float(), ref_lo.float())
+    assert torch.equal(q.float(), ref_q.float())
 
 
 @pytest.mark.parametrize("tokens", [1, 16, 128])

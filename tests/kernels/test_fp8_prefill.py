@@ -1,6 +1,8 @@
-"""Prefill chunks on FP8 tensor cores (fp8_products_triton.py, fp8_linear_triton.py) against the float32 torch
-reference, in Triton's interpreter: x's two e4m3 terms, the dense products of both scale formats at the default and
-at tiles that leave tails or split the inputs, the epilogues, the tile rule, and which chunks take this path."""
+"""Prefill chunks on FP8 tensor cores (fp8_products_triton.py, fp8_linear_triton.py) in Triton's interpreter: x
+quantized as the FP8 checkpoints declare (e4m3, a scale per token or per token and block column) against torch's own
+conversion, the dense products of both scale formats against the float32 torch reference of that quantized x, at the
+default and at tiles that leave tails or split the inputs, the epilogues, the tile rule, and which chunks take this
+path."""
 
 import pytest
 import torch
@@ -9,25 +11,41 @@ from app.kernels import fp8_bytes, fp8_linear_triton
 from app.kernels.expert_tiles import Tiles
 from app.kernels.fp8_linear import fp8_linear, fp8_linear_torch
 from app.kernels.fp8_linear_triton import prefill_tiles, run_fp8_linear
-from app.kernels.fp8_products_triton import LO_LIFT, runs_fp8_products, split_activations
+from app.kernels.fp8_products_triton import quantize_activations, runs_fp8_products
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_fp8_linear import FORMATS, random_fp8_linear
 from tests.kernels.test_gpt_oss_experts import relative_error
 
-# a product's error against float32 x: two e4m3 terms hold about bf16's 8 bits (one term alone gives 3e-2); rounded
-# to bf16 (which the interpreter does by truncation) the output doubles it
-PRODUCT_ERROR = 2e-3
+# float32 sums of the same e4m3 products in another order; rounded to bf16 (which the interpreter does by
+# truncation) the output takes up to 2^-8
+PRODUCT_ERROR = 1e-5
 ROUNDED_ERROR = 4e-3
+# e4m3's 4 significant bits: x quantized against x itself, and the products of each against float32 x
+QUANTIZED_ERROR = 4e-2
 
 
-def split_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """torch's own float32 -> e4m3 conversion (round to nearest, ties to even) of the module docstring's terms."""
+def quantize_reference(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's own float32 -> e4m3 conversion (round to nearest, ties to even) of x scaled per `group` inputs (None:
+    per row), as quantize_activations' docstring says."""
     x = x.float()
-    scale = x.abs().amax(dim=1).clamp_min(1e-30) / 448
-    scaled = x / scale[:, None]
-    hi = scaled.to(torch.float8_e4m3fn)
-    lo = ((scaled - hi.float()) * LO_LIFT.value).to(torch.float8_e4m3fn)
-    return hi, lo, scale
+    tokens, inputs = x.shape
+    size = inputs if group is None else group
+    groups = -(-inputs // size)
+    padded = torch.nn.functional.pad(x, (0, groups * size - inputs)).view(tokens, groups, size)
+    scale = padded.abs().amax(dim=2).clamp_min(1e-30) / 448
+    q = (padded / scale[:, :, None]).to(torch.float8_e4m3fn).view(tokens, -1)[:, :inputs]
+    return q, scale[:, 0] if group is None else scale
+
+
+def dequantized_activations(x: torch.Tensor, group: int | None) -> torch.Tensor:
+    """x [T, in] as the FP8 products see it, in float32."""
+    q, scale = quantize_reference(x, group)
+    per_input = scale[:, None] if group is None else scale.repeat_interleave(group, dim=1)[:, :x.shape[1]]
+    return q.float() * per_input
+
+
+def input_group(fmt: str) -> int | None:
+    return None if FORMATS[fmt] is None else FORMATS[fmt][1]
 
 
 def awkward_activations(dtype: torch.dtype) -> torch.Tensor:
@@ -40,17 +58,16 @@ def awkward_activations(dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
+@pytest.mark.parametrize("group", [None, 128, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_split_terms_are_the_nearest_e4m3_values(dtype):
+def test_quantized_activations_are_the_nearest_e4m3_values(dtype, group):
     x = awkward_activations(dtype)
     with poisoned_allocations():
-        hi, lo, scale = split_activations(x)
-    ref_hi, ref_lo, ref_scale = split_reference(x)
-    assert torch.equal(scale, ref_scale)
-    assert torch.equal(hi.float(), ref_hi.float()) and torch.equal(lo.float(), ref_lo.float())  # -0 == 0
-    rebuilt = scale[:, None] * (hi.float() + lo.float() / LO_LIFT.value)
-    sizes = x.float().abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
-    assert ((rebuilt - x.float()).abs() / sizes).max() < 2**-9
+        q, scale = quantize_activations(x, group)
+    ref_q, ref_scale = quantize_reference(x, group)
+    assert scale.shape == ref_scale.shape and torch.equal(scale, ref_scale)
+    assert torch.equal(q.float(), ref_q.float())  # -0 == 0
+    assert relative_error(dequantized_activations(x, group), x.float()) < QUANTIZED_ERROR
 
 
 # chunk tokens and tiles: a token tail (70 of 64), a row tail (136 of 128), inputs that end inside a step and a
@@ -75,7 +92,9 @@ def test_fp8_products_match_float32_reference(tokens, out, inputs, fmt, tiles, d
         y = run_fp8_linear(x, weight, scale, FORMATS[fmt], tiles, residual=torch.zeros(tokens, out, dtype=dtype),
                            fp8_products=True)
     assert y.dtype == torch.float32
-    assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
+    seen = dequantized_activations(x, input_group(fmt))
+    assert relative_error(y, fp8_linear_torch(seen, weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
+    assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < QUANTIZED_ERROR
 
 
 def test_prefill_tiles_split_where_wide_ones_leave_sms_idle():
@@ -96,7 +115,7 @@ def test_epilogues_after_fp8_products_match_reference(glu, with_residual):
     residual = torch.randn(33, 72 if glu else 144, generator=generator).bfloat16() if with_residual else None
     with poisoned_allocations():
         y = fp8_linear(x, weight, scale, FORMATS["block128"], glu=glu, residual=residual)
-    ref = fp8_linear_torch(x.float(), weight, scale, FORMATS["block128"], glu=glu,
+    ref = fp8_linear_torch(dequantized_activations(x, 128), weight, scale, FORMATS["block128"], glu=glu,
                            residual=None if residual is None else residual.float())
     assert y.dtype == torch.bfloat16 and y.shape == ref.shape
     assert relative_error(y, ref) < ROUNDED_ERROR
@@ -109,7 +128,7 @@ def test_prefill_chunk_without_epilogues_comes_in_x_dtype():
     with poisoned_allocations():
         y = fp8_linear(x, weight, scale)
     assert y.dtype == torch.float16 and y.shape == (20, 40)
-    assert relative_error(y, fp8_linear_torch(x.float(), weight, scale)) < ROUNDED_ERROR
+    assert relative_error(y, fp8_linear_torch(dequantized_activations(x, None), weight, scale)) < ROUNDED_ERROR
 
 
 def test_only_16_bit_prefill_chunks_of_fp8_weights_on_fp8_tensor_cores_take_the_products(monkeypatch):
