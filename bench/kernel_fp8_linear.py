@@ -49,7 +49,7 @@ PREFILL_SHAPES = ("q_proj", "o_proj", "dense_gate")
 PREFILL_SWEEP = [(block_m, Tiles(*tiles), split) for block_m, tiles, split in (  # FP8 products
     (128, (128, 128, 8, 4), 1), (64, (128, 128, 8, 4), 1), (128, (128, 128, 8, 3), 1), (64, (128, 128, 8, 3), 1),
     (128, (128, 128, 8, 4), 2), (64, (128, 128, 8, 4), 2), (64, (128, 128, 8, 4), 4), (64, (64, 128, 4, 4), 1),
-    (64, (64, 128, 4, 4), 2), (128, (128, 64, 8, 4), 1))]
+    (64, (64, 128, 4, 4), 2), (128, (128, 64, 8, 4), 1), (128, (128, 256, 8, 3), 1))]
 SWEEP = [(tiles, split) for tiles in (Tiles(32, 128, 4, 4), Tiles(64, 128, 4, 4), Tiles(16, 256, 4, 3))
          for split in (1, 2, 4, 8)]
 
@@ -74,7 +74,7 @@ def check(weight, scale, block, tokens: int, product=None, fp8_products: bool | 
     with poisoned_allocations():
         out = product(x) if product else run_fp8_linear(x, weight, scale, block)
     quantized = runs_fp8_products(x, weight) if fp8_products is None else fp8_products
-    ref = fp8_linear_torch(dequantized_activations(x, block and block[1]) if quantized else x.float(), weight, scale,
+    ref = fp8_linear_torch(dequantized_activations(x) if quantized else x.float(), weight, scale,
                            block)
     error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
     return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2}
@@ -109,10 +109,10 @@ def time_cublas(weight, scale, block, tokens: int) -> dict:
 def time_scaled_mm(weight, scale, block, tokens: int) -> dict:
     """torch's FP8 x FP8 product (cuBLASLt / CUTLASS) of x quantized as run_fp8_linear quantizes it, in a graph."""
     x = torch.randn(tokens, weight.shape[1], device="cuda").bfloat16()
-    q, x_scale = quantize_activations(x, block and block[1])
+    q, x_scale = quantize_activations(x)
     scales = (x_scale[:, None], scale.T) if block is None else (x_scale, scale)
     product = partial(torch._scaled_mm, q, weight.T, *scales, out_dtype=torch.bfloat16)
-    ref = fp8_linear_torch(dequantized_activations(x, block and block[1]), weight, scale, block).double()
+    ref = fp8_linear_torch(dequantized_activations(x), weight, scale, block).double()
     error = ((product().double() - ref).norm() / ref.norm()).item()
     graph_ms = do_bench_cudagraph(product, rep=20, return_mode="median")
     return {"torch_scaled_mm_graph_us": graph_ms * 1e3, "torch_scaled_mm_relative_error": error}
@@ -147,10 +147,8 @@ def prefill_sweep(report: dict, save) -> None:
                           f"err {error}", flush=True)
                     save()
     x = torch.randn(PREFILL_CHUNK, SHAPES["q_proj"][1], device="cuda").bfloat16()
-    for fmt, block in FORMATS.items():
-        group = block and block[1]
-        report[f"quantize_activations_graph_us_{fmt}"] = do_bench_cudagraph(
-            lambda group=group: quantize_activations(x, group), rep=20, return_mode="median") * 1e3
+    report["quantize_activations_graph_us"] = do_bench_cudagraph(lambda: quantize_activations(x), rep=20,
+                                                                 return_mode="median") * 1e3
 
 
 def prefill_case(weight, scale, block, tokens: int, product, fp8_products: bool) -> dict:

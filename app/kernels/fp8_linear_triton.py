@@ -11,7 +11,7 @@ dense MLP 10944, shared expert 1408):
   without splits but with an epilogue writes one float32 share for it): deterministic, no atomics, a buffer of
   T × out floats per split.
 - T > 16 (prefill chunks) is bound by compute. With 16-bit x on a GPU with FP8 tensor cores the same kernel takes
-  x quantized once to e4m3 as the checkpoint declares (per token, or per token and block column) and multiplies it
+  x quantized once to e4m3 (a scale per token, as the checkpoints declare their activations) and multiplies it
   with the stored weight on FP8 tensor cores (fp8_products_triton.py), at 128 × 128 tiles, split over the inputs in
   two where those leave SMs idle (`prefill_tiles`). Float32 x and GPUs before sm_89 take 64 tokens × 128 rows ×
   64 inputs, no split, the weights converted in registers.
@@ -96,7 +96,7 @@ def run_fp8_linear(
                  else pick_tiles(tokens, out_features, in_features, sm_count))
     block_m, weight_tiles, split = tiles
     dtype, half = x.dtype, x.dtype != torch.float32 and not fp8
-    x_terms = input_terms(tile_inputs(x, projection, half), fp8, projection.input_group())
+    x_terms = input_terms(tile_inputs(x, projection, half), fp8)
     step = projection.step(weight_tiles)
     # each split reads whole steps: its inputs start at a multiple of the step (and so of no block column)
     steps = triton.cdiv(in_features, step)

@@ -1,19 +1,20 @@
-"""Products of FP8 weights with 16-bit x on FP8 tensor cores, x quantized as the FP8 checkpoints declare it:
-dynamically, to e4m3, one scale per token (compressed-tensors' `input_activations: {dynamic, strategy: token}`,
-the per-channel checkpoints) or per token and block column of the weight (`activation_scheme: dynamic` with
-`weight_block_size`, the block checkpoints: a scale per 128 inputs),
+"""Products of FP8 weights with 16-bit x on FP8 tensor cores, x quantized dynamically to e4m3 with one scale per
+token, as the FP8 checkpoints declare their activations (compressed-tensors' `input_activations: {dynamic,
+strategy: token}`; the block checkpoints' `activation_scheme: dynamic`, whose reference groups 128 inputs a scale),
 
-    x[t, group] = s[t, group] * q[t, group],   s = max|x[t, group]| / 448,   q = e4m3(x / s),
+    x[t] = s[t] * q[t],   s[t] = max|x[t]| / 448,   q = e4m3(x / s),
 
 and W @ x^T one FP8 x FP8 product of the stored weight and q, both operands straight from shared memory: nothing is
 converted in the products' loop. A per-channel weight scale and s[t] multiply the float32 sums once; with block
-scales each step's sums (a step lies inside one block column) take their weight block's and their x group's scales.
+scales each step's sums (a step lies inside one block column) take their weight block's scale, and s[t] the total.
 
-This is the checkpoints' own numerics (W8A8, as their releases are served), at half the tensor work of keeping
-x's 16 bits: the twenty-sixth session split x into two e4m3 terms (hi + lo / 16, about bf16's 8 bits) for two
-products a step, and GLM-4.5-Air's q_proj at a 128-token chunk then took 30.7 us per channel and 40.1 block-128
-against bf16 cuBLAS's 28.8 on the H200 (bench/NOTES.md). One token and verify blocks (T <= DECODE_TOKENS) keep x's
-16 bits on CUDA cores (rows_times_vector_triton.py).
+Why one scale a token for the block checkpoints too: x's scale per 128 inputs is a per-step gather in the products'
+loop, and GLM-4.5-Air's q_proj at a 128-token chunk took 54.5-96 us with it against 30.3 us with a scale a token
+and 38.0 for bf16 cuBLAS (H100, bench/NOTES.md); e4m3's exponent keeps 4 significant bits down to 2^-15 of a
+token's largest value either way. And why e4m3 x at all: x split into two e4m3 terms (hi + lo / 16, about bf16's 8 bits)
+took two products a step, and q_proj at 128 tokens 30.7 us per channel, 40.1 block-128, against bf16 cuBLAS's 28.8
+on the H200. One token and verify blocks (T <= DECODE_TOKENS) keep x's 16 bits on CUDA cores
+(rows_times_vector_triton.py).
 
 Needs FP8 tensor cores (sm_89 and newer, or Triton's interpreter) and 16-bit x (`runs_fp8_products`): float32 x
 keeps the float32 products of the converting kernels. Used by prefill chunks' dense products (fp8_linear_triton.py)
@@ -28,7 +29,7 @@ from app.kernels.expert_tiles import DECODE_TOKENS
 from app.kernels.fp8_bytes import reads_fp8_as_bytes
 
 E4M3_MAX = tl.constexpr(448.0)
-QUANTIZE_BLOCK = 1024  # inputs a quantizing program reads a step
+MAX_ROW = 32768  # inputs a quantizing program holds in registers (GLM's widest: 16384)
 
 
 def runs_fp8_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -40,44 +41,36 @@ def runs_fp8_products(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def quantize_activations(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, in] bf16 / fp16 -> (q [T, in] e4m3, s float32), as the module docstring says: s [T] for `group` None
-    (a scale per token), else [T, ceil(in / group)] (a scale per `group` inputs)."""
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, in] bf16 / fp16 -> (q [T, in] e4m3, s [T] float32), as the module docstring says."""
     assert x.is_contiguous() and x.dtype in (torch.bfloat16, torch.float16), "contiguous 16-bit rows"
     tokens, inputs = x.shape
-    size = inputs if group is None else group
-    groups = triton.cdiv(inputs, size)
+    assert inputs <= MAX_ROW, f"rows of {inputs} inputs are wider than the {MAX_ROW} a program holds"
     q = torch.empty((tokens, inputs), dtype=torch.float8_e4m3fn, device=x.device)
-    scale = torch.empty((tokens,) if group is None else (tokens, groups), dtype=torch.float32, device=x.device)
-    block = min(QUANTIZE_BLOCK, triton.next_power_of_2(size))
-    _quantize_kernel[(tokens, groups)](x, q, scale, inputs, size, BLOCK=block, num_warps=4)
+    scale = torch.empty(tokens, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(inputs)
+    _quantize_kernel[(tokens,)](x, q, scale, inputs, BLOCK=block, num_warps=min(16, max(4, block // 1024)))
     return q, scale
 
 
-def input_terms(x: torch.Tensor, fp8: bool, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+def input_terms(x: torch.Tensor, fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """What a kernel with an FP8 constant takes for its two input pointers: x quantized (`quantize_activations`)
     where `fp8`, else x in both."""
-    return quantize_activations(x, group) if fp8 else (x, x)
+    return quantize_activations(x) if fp8 else (x, x)
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, q_ptr, scale_ptr, inputs, group_size, BLOCK: tl.constexpr):
-    """Program (token, group): the group's inputs read twice (their largest magnitude, then q)."""
-    token, group = tl.program_id(0), tl.program_id(1)
-    row = token.to(tl.int64) * inputs
-    begin = group * group_size
-    end = tl.minimum(begin + group_size, inputs)
+def _quantize_kernel(x_ptr, q_ptr, scale_ptr, inputs, BLOCK: tl.constexpr):
+    """Program: one token's row, read once and held in registers (3.1 us for a 256-token chunk of 4096 inputs on
+    the H100, bench/NOTES.md)."""
+    row = tl.program_id(0).to(tl.int64) * inputs
     columns = tl.arange(0, BLOCK)
-    largest = tl.zeros((BLOCK,), tl.float32)
-    for first in range(begin, end, BLOCK):
-        x = tl.load(x_ptr + row + first + columns, mask=first + columns < end, other=0.0).to(tl.float32)
-        largest = tl.maximum(largest, tl.abs(x))
-    scale = tl.maximum(tl.max(largest, axis=0), 1e-30) / E4M3_MAX  # a group of zeros: any scale gives zeros
-    tl.store(scale_ptr + token * tl.num_programs(1) + group, scale)
-    for first in range(begin, end, BLOCK):
-        inside = first + columns < end
-        x = tl.load(x_ptr + row + first + columns, mask=inside, other=0.0).to(tl.float32) / scale
-        tl.store(q_ptr + row + first + columns, _on_e4m3_grid(x).to(tl.float8e4nv), mask=inside)
+    inside = columns < inputs
+    x = tl.load(x_ptr + row + columns, mask=inside, other=0.0).to(tl.float32)
+    # times 1 / 448 rounded to float32, as torch's division by a number is on CUDA; a row of zeros: any scale
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-30) * (1.0 / E4M3_MAX)
+    tl.store(scale_ptr + tl.program_id(0), scale)
+    tl.store(q_ptr + row + columns, _on_e4m3_grid(tl.math.div_rn(x, scale)).to(tl.float8e4nv), mask=inside)
 
 
 @triton.jit
@@ -99,9 +92,8 @@ def fp8_products(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """W[:, k_begin:k_end] @ x[rows, k_begin:k_end]^T -> [BLOCK_N, BLOCK_M] float32, x given quantized (q [*, k_size]
-    e4m3 and its scales: per row, or per row and block column where SCALES is a block's), unused rows giving 0; the
-    weight rows start at `w_rows` ([BLOCK_N] pointers to e4m3), scaled as SCALES says from `s_rows`
-    (glu_experts_triton._row_pointers)."""
+    e4m3 and a scale per row), unused rows giving 0; the weight rows start at `w_rows` ([BLOCK_N] pointers to
+    e4m3), scaled as SCALES says from `s_rows` (glu_experts_triton._row_pointers)."""
     depth = tl.arange(0, BLOCK_K)
     w_ptrs = w_rows[:, None] + k_begin + depth[None, :]  # [BLOCK_N, BLOCK_K]
     q_offsets = rows[:, None].to(tl.int64) * k_size + k_begin + depth[None, :]  # [BLOCK_M, BLOCK_K]
@@ -111,15 +103,12 @@ def fp8_products(
         w = tl.load(w_ptrs, mask=row_ok[:, None] & inside[None, :], other=0.0)
         q = tl.load(q_ptr + q_offsets, mask=used[:, None] & inside[None, :], other=0.0)
         if SCALES == 2:
-            block = k0 // SCALE_COLS
-            w_scale = tl.load(s_rows + block, mask=row_ok, other=0.0).to(tl.float32)
-            x_scale = tl.load(x_scale_ptr + rows * tl.cdiv(k_size, SCALE_COLS) + block, mask=used, other=0.0)
-            acc += tl.dot(w, tl.trans(q)) * (w_scale[:, None] * x_scale[None, :])
+            acc += tl.dot(w, tl.trans(q)) * tl.load(s_rows + k0 // SCALE_COLS, mask=row_ok, other=0.0).to(
+                tl.float32)[:, None]
         else:
             acc = tl.dot(w, tl.trans(q), acc)
         w_ptrs += BLOCK_K
         q_offsets += BLOCK_K
-    if SCALES == 2:
-        return acc
-    x_scale = tl.load(x_scale_ptr + rows, mask=used, other=0.0)
-    return acc * (tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None] * x_scale[None, :])
+    if SCALES == 1:
+        acc *= tl.load(s_rows, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    return acc * tl.load(x_scale_ptr + rows, mask=used, other=0.0)[None, :]

@@ -10,8 +10,8 @@ multiplies the products once in the epilogue; a block scale [S, ceil(out/b0), ce
 step's weights in registers (steps never straddle a block column), so that the products add up in the tensor
 cores' accumulator. Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be
 as small as 16 at decode. A prefill chunk of FP8 experts with 16-bit activations where FP8 tensor cores are
-(`LaunchConfig.fp8_products`) skips the conversion: x and the activations each quantized once to e4m3 as the
-checkpoint declares, FP8 x FP8 products of the stored weights (fp8_products_triton.py).
+(`LaunchConfig.fp8_products`) skips the conversion: x and the activations each quantized once to e4m3 (a scale per
+row), FP8 x FP8 products of the stored weights (fp8_products_triton.py).
 
 - gate_up: a tile's rows are gate rows and the same features' up rows, read in one loop and one
   product; SiLU(gate) * up in the epilogue -> activations [P, W], in sorted order.
@@ -82,10 +82,6 @@ class Projection:
     def step(self, tiles: Tiles) -> int:
         """Inputs per loop step: a block scale's columns split into whole steps."""
         return math.gcd(tiles.depth, self.block[1]) if self.kind == PER_BLOCK else tiles.depth
-
-    def input_group(self) -> int | None:
-        """Inputs per scale of x quantized for FP8 products: a block column, else the whole row (None)."""
-        return self.block[1] if self.kind == PER_BLOCK else None
 
     def inside_scale_blocks(self, tiles: RowTiles) -> RowTiles:
         """`tiles` with a program's rows inside one block row of scales (rows_times_vector_triton.py)."""
@@ -171,7 +167,7 @@ def run_from_table(
     fp8 = config.fp8_products and runs_fp8_products(hidden, gate.weight)
     half = config.fp16_products and hidden.dtype != torch.float32 and not fp8
     inputs = tile_inputs(hidden, gate, half)  # float16 inputs come with float16 activations
-    x_terms = input_terms(inputs, fp8, gate.input_group())
+    x_terms = input_terms(inputs, fp8)
 
     activations = torch.empty((num_pairs, width), dtype=inputs.dtype, device=device)
     tiles = config.gate_up
@@ -181,7 +177,7 @@ def run_from_table(
         **shared, **gate.constants(half), FP8=fp8, BLOCK_N=tiles.features, BLOCK_K=gate.step(tiles),
         ELEMENT_BYTES=gate.weight.element_size(), num_warps=tiles.warps, num_stages=tiles.stages,
     )
-    activation_terms = input_terms(activations, fp8, down.input_group())
+    activation_terms = input_terms(activations, fp8)
     per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
     tiles = config.down
     _down_kernel[(plan.max_tiles, triton.cdiv(hidden_size, tiles.features))](

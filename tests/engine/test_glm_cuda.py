@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from app.engine.loader import load_model
+from app.kernels import fp8_bytes
 from app.model_folder import ModelFolder
 from tests.engine.greedy import greedy_with_stats
 from tests.fixtures.tiny_glm import VARIANTS
@@ -50,9 +51,11 @@ def test_offloaded_gpu_experts_match_the_resident_ones(variant, tiny_glm, on_dev
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_bfloat16_logits_stay_close_to_float32(variant, tiny_glm):
+def test_bfloat16_logits_stay_close_to_float32(variant, tiny_glm, monkeypatch):
     """DSA's top-k is discrete: bf16 rounding may keep other tokens once a query has more than index_topk,
-    so for GLM-5 only the positions where the indexer keeps everything are compared."""
+    so for GLM-5 only the positions where the indexer keeps everything are compared. FP8 products, which quantize
+    a prompt's x (below), are off: x keeps its 16 bits, as on GPUs before sm_89."""
+    monkeypatch.setenv(fp8_bytes.FORCE, "1")
     ids = torch.tensor(PROMPT, device="cuda")
     with torch.inference_mode():
         exact, half = load(tiny_glm(variant), "cuda").model, load(tiny_glm(variant), "cuda", "bfloat16").model
@@ -60,6 +63,24 @@ def test_bfloat16_logits_stay_close_to_float32(variant, tiny_glm):
         got = half.forward(ids, half.new_kv_cache(64))
     positions = getattr(exact.config, "index_topk", len(PROMPT))
     assert (got - expected)[:positions].abs().max() <= 0.1 * expected.abs().max()
+
+
+@pytest.mark.parametrize("variant", [variant for variant, (_, _, fp8) in VARIANTS.items() if fp8])
+def test_a_prompt_on_fp8_products_stays_near_its_16_bit_inputs(variant, tiny_glm, monkeypatch):
+    """A prompt's FP8 products take x quantized to e4m3 as the checkpoint declares (fp8_products_triton.py): its
+    bf16 logits against the same model's with x kept at 16 bits (FP8 products off). e4m3 keeps 4 significant bits,
+    so each product moves by about 3 % of its size, and the layers add up; GLM-5's positions past index_topk are
+    left out, as in the bf16 test above."""
+    ids = torch.tensor(PROMPT, device="cuda")
+    with torch.inference_mode():
+        quantized = load(tiny_glm(variant), "cuda", "bfloat16").model
+        got = quantized.forward(ids, quantized.new_kv_cache(64)).float()
+        monkeypatch.setenv(fp8_bytes.FORCE, "1")
+        sixteen_bit = load(tiny_glm(variant), "cuda", "bfloat16").model
+        expected = sixteen_bit.forward(ids, sixteen_bit.new_kv_cache(64)).float()
+    positions = getattr(quantized.config, "index_topk", len(PROMPT))
+    error = ((got - expected)[:positions].norm() / expected[:positions].norm()).item()
+    assert 0 < error < 0.25, error  # 0: the prompt did not take the FP8 products
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -1,8 +1,7 @@
 """Prefill chunks on FP8 tensor cores (fp8_products_triton.py, fp8_linear_triton.py) in Triton's interpreter: x
-quantized as the FP8 checkpoints declare (e4m3, a scale per token or per token and block column) against torch's own
-conversion, the dense products of both scale formats against the float32 torch reference of that quantized x, at the
-default and at tiles that leave tails or split the inputs, the epilogues, the tile rule, and which chunks take this
-path."""
+quantized to e4m3 (a scale per token) against torch's own conversion, the dense products of both scale formats
+against the float32 torch reference of that quantized x, at the default and at tiles that leave tails or split the
+inputs, the epilogues, the tile rule, and which chunks take this path."""
 
 import pytest
 import torch
@@ -24,28 +23,18 @@ ROUNDED_ERROR = 4e-3
 QUANTIZED_ERROR = 4e-2
 
 
-def quantize_reference(x: torch.Tensor, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's own float32 -> e4m3 conversion (round to nearest, ties to even) of x scaled per `group` inputs (None:
-    per row), as quantize_activations' docstring says."""
+def quantize_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's own float32 -> e4m3 conversion (round to nearest, ties to even) of x scaled per row, as
+    quantize_activations' docstring says (the scale times 1 / 448 rounded to float32)."""
     x = x.float()
-    tokens, inputs = x.shape
-    size = inputs if group is None else group
-    groups = -(-inputs // size)
-    padded = torch.nn.functional.pad(x, (0, groups * size - inputs)).view(tokens, groups, size)
-    scale = padded.abs().amax(dim=2).clamp_min(1e-30) / 448
-    q = (padded / scale[:, :, None]).to(torch.float8_e4m3fn).view(tokens, -1)[:, :inputs]
-    return q, scale[:, 0] if group is None else scale
+    scale = x.abs().amax(dim=1).clamp_min(1e-30) * (1 / 448)
+    return (x / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
-def dequantized_activations(x: torch.Tensor, group: int | None) -> torch.Tensor:
+def dequantized_activations(x: torch.Tensor) -> torch.Tensor:
     """x [T, in] as the FP8 products see it, in float32."""
-    q, scale = quantize_reference(x, group)
-    per_input = scale[:, None] if group is None else scale.repeat_interleave(group, dim=1)[:, :x.shape[1]]
-    return q.float() * per_input
-
-
-def input_group(fmt: str) -> int | None:
-    return None if FORMATS[fmt] is None else FORMATS[fmt][1]
+    q, scale = quantize_reference(x)
+    return q.float() * scale[:, None]
 
 
 def awkward_activations(dtype: torch.dtype) -> torch.Tensor:
@@ -58,16 +47,15 @@ def awkward_activations(dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("group", [None, 128, 32])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_quantized_activations_are_the_nearest_e4m3_values(dtype, group):
+def test_quantized_activations_are_the_nearest_e4m3_values(dtype):
     x = awkward_activations(dtype)
     with poisoned_allocations():
-        q, scale = quantize_activations(x, group)
-    ref_q, ref_scale = quantize_reference(x, group)
-    assert scale.shape == ref_scale.shape and torch.equal(scale, ref_scale)
+        q, scale = quantize_activations(x)
+    ref_q, ref_scale = quantize_reference(x)
+    assert torch.equal(scale, ref_scale)
     assert torch.equal(q.float(), ref_q.float())  # -0 == 0
-    assert relative_error(dequantized_activations(x, group), x.float()) < QUANTIZED_ERROR
+    assert relative_error(dequantized_activations(x), x.float()) < QUANTIZED_ERROR
 
 
 # chunk tokens and tiles: a token tail (70 of 64), a row tail (136 of 128), inputs that end inside a step and a
@@ -92,7 +80,7 @@ def test_fp8_products_match_float32_reference(tokens, out, inputs, fmt, tiles, d
         y = run_fp8_linear(x, weight, scale, FORMATS[fmt], tiles, residual=torch.zeros(tokens, out, dtype=dtype),
                            fp8_products=True)
     assert y.dtype == torch.float32
-    seen = dequantized_activations(x, input_group(fmt))
+    seen = dequantized_activations(x)
     assert relative_error(y, fp8_linear_torch(seen, weight, scale, FORMATS[fmt])) < PRODUCT_ERROR
     assert relative_error(y, fp8_linear_torch(x.float(), weight, scale, FORMATS[fmt])) < QUANTIZED_ERROR
 
@@ -115,7 +103,7 @@ def test_epilogues_after_fp8_products_match_reference(glu, with_residual):
     residual = torch.randn(33, 72 if glu else 144, generator=generator).bfloat16() if with_residual else None
     with poisoned_allocations():
         y = fp8_linear(x, weight, scale, FORMATS["block128"], glu=glu, residual=residual)
-    ref = fp8_linear_torch(dequantized_activations(x, 128), weight, scale, FORMATS["block128"], glu=glu,
+    ref = fp8_linear_torch(dequantized_activations(x), weight, scale, FORMATS["block128"], glu=glu,
                            residual=None if residual is None else residual.float())
     assert y.dtype == torch.bfloat16 and y.shape == ref.shape
     assert relative_error(y, ref) < ROUNDED_ERROR
@@ -128,7 +116,7 @@ def test_prefill_chunk_without_epilogues_comes_in_x_dtype():
     with poisoned_allocations():
         y = fp8_linear(x, weight, scale)
     assert y.dtype == torch.float16 and y.shape == (20, 40)
-    assert relative_error(y, fp8_linear_torch(dequantized_activations(x, None), weight, scale)) < ROUNDED_ERROR
+    assert relative_error(y, fp8_linear_torch(dequantized_activations(x), weight, scale)) < ROUNDED_ERROR
 
 
 def test_only_16_bit_prefill_chunks_of_fp8_weights_on_fp8_tensor_cores_take_the_products(monkeypatch):

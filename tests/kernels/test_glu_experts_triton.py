@@ -225,13 +225,12 @@ def fp8_prefill_errors(hidden, arenas, slots, weights, block, monkeypatch) -> tu
     16-bit value, and a row whose largest value moves re-rolls all of its e4m3 roundings)."""
     quantized, quantize = [], fp8_products_triton.quantize_activations
     monkeypatch.setattr(fp8_products_triton, "quantize_activations",
-                        lambda x, group: quantized.append((x.clone(), group)) or quantize(x, group))
+                        lambda x: quantized.append(x.clone()) or quantize(x))
     plans, plan_tiles = [], glu_experts_triton.plan_tiles
     monkeypatch.setattr(glu_experts_triton, "plan_tiles", lambda *args: plans.append(plan_tiles(*args)) or plans[-1])
     out = run_kernel(hidden, arenas, slots, weights, fp8_block=block)
-    group = block and block[1]
-    (x, x_group), (activations, activation_group) = quantized  # x, then the activations in the plan's order
-    assert torch.equal(x, hidden) and x_group == activation_group == group
+    x, activations = quantized  # x, then the activations in the plan's order
+    assert torch.equal(x, hidden)
 
     picks, num_slots = slots.shape[1], arenas["down_proj.weight"].shape[0]
     pairs = plans[0].sorted_pairs[:slots.numel()].long()
@@ -240,7 +239,7 @@ def fp8_prefill_errors(hidden, arenas, slots, weights, block, monkeypatch) -> tu
     expert = {name: [dequantize({key.removeprefix(f"{name}."): arena[slot] for key, arena in arenas.items()
                                  if key.startswith(f"{name}.")}, block, torch.float32) for slot in range(num_slots)]
               for name in ("gate_proj", "up_proj", "down_proj")}
-    seen_x, seen_activations = dequantized_activations(hidden, group), dequantized_activations(activations, group)
+    seen_x, seen_activations = dequantized_activations(hidden), dequantized_activations(activations)
     expected_activations = torch.empty_like(activations, dtype=torch.float32)
     expected_out = torch.zeros(hidden.shape, device=hidden.device)
     for row, pair in enumerate(pairs):
