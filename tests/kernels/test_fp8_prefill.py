@@ -41,7 +41,7 @@ def awkward_activations(dtype: torch.dtype) -> torch.Tensor:
     """Rows of very different sizes, a row of zeros, values at ties of e4m3's grid, and a long row's tail."""
     generator = torch.Generator().manual_seed(11)
     x = torch.randn(6, 1500, generator=generator) * torch.tensor([1.0, 1e-4, 300.0, 1.0, 1.0, 1.0])[:, None]
-    x[1, :700] *= 1e-3  # subnormal e4m3 terms beside normal ones
+    x[1, :700] *= 1e-3  # subnormal e4m3 values beside normal ones
     x[3] = 0.0
     x[4, :8] = torch.tensor([448.0, 68.0, 127.1, -72.0, 50.0, 1e-5, -448.0, 3.0])  # 68, 50: ties between neighbours
     return x.to(dtype)
