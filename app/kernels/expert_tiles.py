@@ -47,7 +47,7 @@ class LaunchConfig:
     down: Tiles
     fp16_products: bool = False  # FP8 weights with bf16 activations: multiply in float16 (x clamped to its range)
     # FP8 weights with 16-bit activations past a verify block's tokens, where FP8 tensor cores are: x quantized to
-    # e4m3 as the checkpoint declares, FP8 x FP8 products (fp8_products_triton.py)
+    # e4m3 (a scale per token), FP8 x FP8 products (fp8_products_triton.py)
     fp8_products: bool = False
     cuda_cores: bool = False  # MXFP4 at a few pairs per tile: products on CUDA cores (mxfp4_cuda_cores.py)
     # and at one pair per tile with bf16 activations: in float16 pairs, the tiles' features rows and warps per

@@ -9,11 +9,11 @@ converted in the products' loop. A per-channel weight scale and s[t] multiply th
 scales each step's sums (a step lies inside one block column) take their weight block's scale, and s[t] the total.
 
 Why one scale a token for the block checkpoints too: x's scale per 128 inputs is a per-step gather in the products'
-loop, and GLM-4.5-Air's q_proj at a 128-token chunk took 54.5-96 us with it against 30.3 us with a scale a token
-and 38.0 for bf16 cuBLAS (H100, bench/NOTES.md); e4m3's exponent keeps 4 significant bits down to 2^-15 of a
-token's largest value either way. And why e4m3 x at all: x split into two e4m3 terms (hi + lo / 16, about bf16's 8 bits)
-took two products a step, and q_proj at 128 tokens 30.7 us per channel, 40.1 block-128, against bf16 cuBLAS's 28.8
-on the H200. One token and verify blocks (T <= DECODE_TOKENS) keep x's 16 bits on CUDA cores
+loop, and GLM-4.5-Air's q_proj at a 128-token chunk took 54.5-96 us with it against 28.5-28.9 us with a scale a
+token and 37.9 for bf16 cuBLAS (H100, bench/NOTES.md); e4m3's exponent keeps 4 significant bits down to 2^-15 of a
+token's largest value either way. And why e4m3 x at all: x split into two e4m3 terms (hi + lo / 16, about bf16's 8
+bits) took two products a step, and q_proj at 128 tokens 30.7 us per channel, 40.1 block-128, against bf16 cuBLAS's
+28.8 on the H200. One token and verify blocks (T <= DECODE_TOKENS) keep x's 16 bits on CUDA cores
 (rows_times_vector_triton.py).
 
 Needs FP8 tensor cores (sm_89 and newer, or Triton's interpreter) and 16-bit x (`runs_fp8_products`): float32 x
@@ -29,7 +29,7 @@ from app.kernels.expert_tiles import DECODE_TOKENS
 from app.kernels.fp8_bytes import reads_fp8_as_bytes
 
 E4M3_MAX = tl.constexpr(448.0)
-MAX_ROW = 32768  # inputs a quantizing program holds in registers (GLM's widest: 16384)
+MAX_ROW = 32768  # inputs a quantizing program holds in registers (the widest FP8 product's: GLM-5's o_proj, 16384)
 
 
 def runs_fp8_products(x: torch.Tensor, weight: torch.Tensor) -> bool:

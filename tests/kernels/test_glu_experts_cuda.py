@@ -8,6 +8,7 @@ import torch
 
 from app.engine.experts.op_graph import SingleTokenGraph
 from app.kernels import fp8_bytes
+from app.kernels.fp8_products_triton import runs_fp8_products
 from app.kernels.glu_experts import glu_experts, glu_experts_torch
 from app.kernels.glu_experts_triton import pick_config, run_experts
 from tests.kernels.poison import poisoned_allocations
@@ -40,7 +41,8 @@ def test_bfloat16_kernel_matches_float32_reference(fmt, tokens):
         out = glu_experts(hidden.bfloat16(), arenas, slots, weights.bfloat16(), fp8_block=FORMATS[fmt])
     ref = glu_experts_torch(hidden, arenas, slots, weights, fp8_block=FORMATS[fmt])
     assert out.dtype == torch.bfloat16 and out.isfinite().all()
-    assert relative_error(out, ref) < (FP8_INPUTS_ERROR if fmt != "bf16" and tokens > 16 else 1e-2)
+    quantized = runs_fp8_products(hidden.bfloat16(), arenas["gate_proj.weight"])
+    assert relative_error(out, ref) < (FP8_INPUTS_ERROR if quantized else 1e-2)
     if tokens > 1:
         assert (out[1] == 0).all()
 
@@ -48,6 +50,8 @@ def test_bfloat16_kernel_matches_float32_reference(fmt, tokens):
 @pytest.mark.parametrize("fmt", ["per-channel", "block128"])
 def test_fp8_products_of_a_prefill_chunk_match_float32_products_of_their_quantized_inputs(fmt, monkeypatch):
     hidden, arenas, slots, weights = case(fmt, 100, 100 + len(fmt))
+    if not runs_fp8_products(hidden.bfloat16(), arenas["gate_proj.weight"]):
+        pytest.skip("no FP8 tensor cores (before sm_89)")
     out, errors = fp8_prefill_errors(hidden.bfloat16(), arenas, slots, weights.bfloat16(), FORMATS[fmt], monkeypatch)
     assert out.isfinite().all() and max(errors) < 1e-2
 
