@@ -9,8 +9,8 @@ converted in the products' loop. A per-channel weight scale and s[t] multiply th
 scales each step's sums (a step lies inside one block column) take their weight block's scale, and s[t] the total.
 
 Why one scale a token for the block checkpoints too: x's scale per 128 inputs is a per-step gather in the products'
-loop, and GLM-4.5-Air's q_proj at a 128-token chunk took 54.5-96 us with it against 28.5-28.9 us with a scale a
-token and 37.9 for bf16 cuBLAS (H100, bench/NOTES.md); e4m3's exponent keeps 4 significant bits down to 2^-15 of a
+loop, and GLM-4.5-Air's q_proj at a 128-token chunk took 54.5-96 us with it against 28.5-29.0 us with a scale a
+token and 37.9-39.6 for bf16 cuBLAS (H100, bench/NOTES.md); e4m3's exponent keeps 4 significant bits down to 2^-15 of a
 token's largest value either way. And why e4m3 x at all: x split into two e4m3 terms (hi + lo / 16, about bf16's 8
 bits) took two products a step, and q_proj at 128 tokens 30.7 us per channel, 40.1 block-128, against bf16 cuBLAS's
 28.8 on the H200. One token and verify blocks (T <= DECODE_TOKENS) keep x's 16 bits on CUDA cores
