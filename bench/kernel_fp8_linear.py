@@ -37,6 +37,7 @@ from app.plan import PREFILL_CHUNK
 from bench.kernel_gpt_oss_experts import attempt, start_report
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_fp8_prefill import dequantized_activations
+from tests.kernels.test_gpt_oss_experts import relative_error
 
 SHAPES = {  # zai-org/GLM-4.5-Air-FP8: (out, in)
     "q_proj": (12288, 4096), "k_proj": (1024, 4096), "o_proj": (4096, 12288),
@@ -76,7 +77,7 @@ def check(weight, scale, block, tokens: int, product=None, fp8_products: bool | 
     quantized = runs_fp8_products(x, weight) if fp8_products is None else fp8_products
     ref = fp8_linear_torch(dequantized_activations(x) if quantized else x.float(), weight, scale,
                            block)
-    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    error = relative_error(out, ref)
     return {"relative_error": error, "all_finite": bool(out.isfinite().all()), "passed": error < 1e-2}
 
 
@@ -112,8 +113,7 @@ def time_scaled_mm(weight, scale, block, tokens: int) -> dict:
     q, x_scale = quantize_activations(x)
     scales = (x_scale[:, None], scale.T) if block is None else (x_scale, scale)
     product = partial(torch._scaled_mm, q, weight.T, *scales, out_dtype=torch.bfloat16)
-    ref = fp8_linear_torch(dequantized_activations(x), weight, scale, block).double()
-    error = ((product().double() - ref).norm() / ref.norm()).item()
+    error = relative_error(product(), fp8_linear_torch(dequantized_activations(x), weight, scale, block))
     graph_ms = do_bench_cudagraph(product, rep=20, return_mode="median")
     return {"torch_scaled_mm_graph_us": graph_ms * 1e3, "torch_scaled_mm_relative_error": error}
 

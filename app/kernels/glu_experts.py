@@ -37,15 +37,16 @@ def glu_experts_torch(
     out = torch.zeros_like(hidden)
     for slot in slots[slots >= 0].unique().tolist():
         tokens, picks = torch.where(slots == slot)
-        gate, up, down = (_slot_weight(arenas, name, slot, fp8_block, hidden.dtype) for name in PROJECTIONS)
+        gate, up, down = (slot_weight(arenas, name, slot, fp8_block, hidden.dtype) for name in PROJECTIONS)
         expert_out = silu_glu(hidden[tokens], gate, up, down)
         out.index_add_(0, tokens, expert_out * weights[tokens, picks, None].to(hidden.dtype))
     return out
 
 
-def _slot_weight(
+def slot_weight(
     arenas: dict[str, torch.Tensor], projection: str, slot: int, fp8_block: tuple[int, int] | None, dtype: torch.dtype
 ) -> torch.Tensor:
+    """One slot's `projection` weight [out, in] dequantized to `dtype`."""
     prefix = f"{projection}."
     stored = {name.removeprefix(prefix): arena[slot] for name, arena in arenas.items() if name.startswith(prefix)}
     return dequantize(stored, fp8_block, dtype)

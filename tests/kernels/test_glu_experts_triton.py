@@ -7,8 +7,14 @@ import torch
 
 from app.kernels import fp8_products_triton, glu_experts_triton
 from app.kernels.expert_table import address_row, columns, slot_table
-from app.kernels.formats.fp8 import dequantize
-from app.kernels.glu_experts import glu_expert_op, glu_experts, glu_experts_op, glu_experts_torch
+from app.kernels.glu_experts import (
+    PROJECTIONS,
+    glu_expert_op,
+    glu_experts,
+    glu_experts_op,
+    glu_experts_torch,
+    slot_weight,
+)
 from app.kernels.glu_experts_one_token import run_one_token
 from app.kernels.glu_experts_triton import LaunchConfig, Projection, Tiles
 from app.kernels.rows_times_vector_triton import RowTiles
@@ -236,15 +242,14 @@ def fp8_prefill_errors(hidden, arenas, slots, weights, block, monkeypatch) -> tu
     pairs = plans[0].sorted_pairs[:slots.numel()].long()
     used = slots.flatten()[pairs] >= 0
     pairs, activations = pairs[used].tolist(), activations[used]
-    expert = {name: [dequantize({key.removeprefix(f"{name}."): arena[slot] for key, arena in arenas.items()
-                                 if key.startswith(f"{name}.")}, block, torch.float32) for slot in range(num_slots)]
-              for name in ("gate_proj", "up_proj", "down_proj")}
+    expert = {name: [slot_weight(arenas, name, slot, block, torch.float32) for slot in range(num_slots)]
+              for name in PROJECTIONS}
     seen_x, seen_activations = dequantized_activations(hidden), dequantized_activations(activations)
     expected_activations = torch.empty_like(activations, dtype=torch.float32)
     expected_out = torch.zeros(hidden.shape, device=hidden.device)
     for row, pair in enumerate(pairs):
         token, slot = pair // picks, slots.flatten()[pair].item()
-        gate, up = (seen_x[token] @ expert[name][slot].T for name in ("gate_proj", "up_proj"))
+        gate, up = (seen_x[token] @ expert[name][slot].T for name in PROJECTIONS[:2])
         expected_activations[row] = torch.nn.functional.silu(gate) * up
         down = seen_activations[row] @ expert["down_proj"][slot].T
         expected_out[token] += weights.flatten()[pair].float() * down
