@@ -7,6 +7,13 @@ kernel's first statement) until that kernel has finished and its writes are visi
 next one launch once all its own programs run. A kernel launched so must read and write no memory before that
 statement. CUDA graphs keep the dependencies when they capture such launches. MOECHAT_PDL=0 launches them as before
 (to measure the difference in one run).
+
+A kernel that starts with `after_earlier_kernels_only` waits the same way but does not let the next kernel launch
+early: the next one launches as it ends. The one-token products that stream a layer's weights take it (gpt-oss's
+MXFP4 experts, the FP8 / 16-bit single-token dense products): with the next kernel's programs placed on the
+multiprocessors while they ran, the MXFP4 op took 28.5-28.7 us a layer against 26.2-26.5 and GLM-4.5-Air-FP8's
+4-layer step 1050-1053 us against 980-982; gpt-oss-20b decoded 488 tok/s against 506-509 (H100, bench/NOTES.md,
+thirty-first session). GLM's one-token GLU experts keep `after_earlier_kernels` (984-985 us with it taken out).
 """
 
 import functools
@@ -36,4 +43,12 @@ def after_earlier_kernels(PDL: tl.constexpr):
     before this one have finished and their writes are visible."""
     if PDL:
         gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
+def after_earlier_kernels_only(PDL: tl.constexpr):
+    """Where the kernel was launched with PDL: waits until the kernels launched before this one have finished and
+    their writes are visible; the next kernel launches when this one has finished."""
+    if PDL:
         gdc_wait()

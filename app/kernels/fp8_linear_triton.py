@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+from app.kernels.dependent_launch import after_earlier_kernels_only, dependent_launch
 from app.kernels.expert_tiles import DECODE_TOKENS, INTERPRETED, Tiles
 from app.kernels.finish_shares_triton import finish_shares
 from app.kernels.fp8_products_triton import fp8_products, input_terms, runs_fp8_products
@@ -216,7 +216,7 @@ def _one_token_kernel(
     WARPS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Program: outputs [first, first + BLOCK_N) of one token; with GLU the rows' gate (rows) and up (rows + N)."""
-    after_earlier_kernels(PDL)
+    after_earlier_kernels_only(PDL)
     first = tl.program_id(0) * BLOCK_N
     features = first + tl.arange(0, BLOCK_N)
     rows = tl.minimum(features, N - 1)  # the last program's extra rows repeat the last one: no masked loads

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+from app.kernels.dependent_launch import after_earlier_kernels_only, dependent_launch
 from app.kernels.expert_table import row_pointer
 from app.kernels.expert_tiles import Tiles, sum_picks
 from app.kernels.mxfp4_half_pairs import (
@@ -89,7 +89,7 @@ def _half_pairs_gate_up_kernel(
     H: tl.constexpr, W: tl.constexpr, PICKS: tl.constexpr, COLUMNS: tl.constexpr, ACT_SCALE: tl.constexpr,
     BLOCK_N: tl.constexpr, PDL: tl.constexpr,
 ):
-    after_earlier_kernels(PDL)
+    after_earlier_kernels_only(PDL)
     pair = tl.program_id(0)
     row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
     if row < 0:
@@ -114,7 +114,7 @@ def _half_pairs_down_kernel(
     H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    after_earlier_kernels(PDL)
+    after_earlier_kernels_only(PDL)
     pair = tl.program_id(0)
     row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
     if row < 0:
