@@ -11,7 +11,8 @@ reads its experts from DRAM), as bench/kernel_gpt_oss_experts.py times the op:
   follow the kernels as they are;
 - `streams`: programs that only read the 4 picks' gate_up words (what gate_up reads, less its scales, biases and
   inputs), a program per (pick, rows) with the warps and rows of each shape, through the address table as the op
-  reads them: the bandwidth a program shape can reach at all.
+  reads them: the bandwidth a program shape can reach at all. They let the next launch start early
+  (`after_earlier_kernels`), as the op's kernels did before the thirty-first session (bench/NOTES.md).
 Floor = bytes / device-to-device copy bandwidth (read + written), measured in the same run.
 """
 
