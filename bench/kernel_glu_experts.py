@@ -40,6 +40,7 @@ from bench.kernel_gpt_oss_experts import (
 )
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_glu_experts_cuda import FP8_INPUTS_ERROR
+from tests.kernels.test_gpt_oss_experts import relative_error
 
 HIDDEN, WIDTH, NUM_SLOTS, PICKS = 4096, 1408, 128, 8  # zai-org/GLM-4.5-Air-FP8 config.json
 TOKEN_COUNTS = (1, 16, 128)
@@ -83,7 +84,7 @@ def check(arenas, fmt: str, tokens: int, config: LaunchConfig | None) -> dict:
     with poisoned_allocations():
         out = run_experts(hidden, arenas, slots, weights, FORMATS[fmt], config)
     ref = glu_experts_torch(hidden.float(), arenas, slots, weights.float(), FORMATS[fmt])
-    error = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+    error = relative_error(out, ref)
     config = config or pick_config(slots.numel())
     quantized = config.fp8_products and runs_fp8_products(hidden, arenas["gate_proj.weight"])
     bound = FP8_INPUTS_ERROR if quantized else 1e-2  # x and the activations quantized to e4m3 on FP8 products

@@ -36,8 +36,9 @@ from app.kernels import gpt_oss_experts_half_pairs, mxfp4_half_pairs
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_table import columns, row_pointer, slot_table
 from app.kernels.expert_tiles import sum_picks
-from app.kernels.gpt_oss_experts_triton import HALF_PAIRS_DOWN_ROWS, HALF_PAIRS_ROWS, half_pairs_config
-from app.kernels.mxfp4_half_pairs import LARGEST_INPUT_EXPONENT, activation_shift, half_pairs
+from app.kernels.gpt_oss_experts_half_pairs import down_in_half_pairs, gate_up_in_half_pairs
+from app.kernels.gpt_oss_experts_triton import pick_config
+from app.kernels.mxfp4_half_pairs import half_pairs
 from bench.decode_gpt_oss import machine
 from bench.kernel_gpt_oss_experts import (
     ALPHA,
@@ -137,33 +138,21 @@ def main(out_path: str) -> None:
         print(f"{group:>10} {name:<40} {min(graph_us):7.2f} us {case.get('fraction_of_floor', '')}", flush=True)
 
     op_floor = report["op_floor_us"]
-    config = half_pairs_config(HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS)
+    config = pick_config(PICKS, mxfp4=True)  # one token's picks: the float16-pair programs
     tiles = (config.gate_up, config.down)
-    shift = activation_shift(LIMIT)
     x, x_unscale = half_pairs(hidden)
-    activations = torch.empty((PICKS, WIDTH), dtype=torch.float16, device="cuda")
-    per_pick = torch.empty((PICKS, HIDDEN), dtype=torch.float32, device="cuda")
-    gate_up_columns = [names.index(f"gate_up_proj_{part}") for part in ("blocks", "scales", "bias")]
-    down_columns = [names.index(f"down_proj_{part}") for part in ("blocks", "scales", "bias")]
-    pdl = dependent_launch(hidden.device)
+    activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, routings[0][0], LIMIT, ALPHA, names, tiles[0])
+    per_pick = down_in_half_pairs(activations, arenas, table, routings[0][0], routings[0][1], LIMIT, names, tiles[1])
 
     def op(module):
         return lambda slots, weights: module.run_in_half_pairs(hidden, arenas, table, slots, weights, LIMIT, ALPHA,
                                                                names, tiles)
 
     def gate_up(slots, weights):
-        gpt_oss_experts_half_pairs._half_pairs_gate_up_kernel[(PICKS, 2 * WIDTH // tiles[0].features)](
-            x, x_unscale, arenas["gate_up_proj_blocks"].view(torch.int32), arenas["gate_up_proj_scales"],
-            arenas["gate_up_proj_bias"], table, slots, activations, LIMIT, ALPHA, *gate_up_columns,
-            H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=len(names), ACT_SCALE=2.0**shift, BLOCK_N=tiles[0].features,
-            num_warps=tiles[0].warps, **pdl)
+        gate_up_in_half_pairs(x, x_unscale, arenas, table, slots, LIMIT, ALPHA, names, tiles[0])
 
     def down(slots, weights):
-        gpt_oss_experts_half_pairs._half_pairs_down_kernel[(PICKS, HIDDEN // tiles[1].features)](
-            activations, arenas["down_proj_blocks"].view(torch.int32), arenas["down_proj_scales"],
-            arenas["down_proj_bias"], table, slots, weights, per_pick, *down_columns,
-            H=HIDDEN, W=WIDTH, COLUMNS=len(names), ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - shift),
-            BLOCK_N=tiles[1].features, num_warps=tiles[1].warps, **pdl)
+        down_in_half_pairs(activations, arenas, table, slots, weights, LIMIT, names, tiles[1])
 
     timed("parts", "op", op(gpt_oss_experts_half_pairs), op_floor)
     timed("parts", "conversion + gate_up + down", lambda s, w: (half_pairs(hidden), gate_up(s, w), down(s, w)))
@@ -181,9 +170,10 @@ def main(out_path: str) -> None:
         sys.path.remove(folder)
     out = torch.empty(PICKS * gate_up_words.shape[1], dtype=torch.int32, device="cuda")
     rows, words = gate_up_words.shape[1], gate_up_words[0].numel() // gate_up_words.shape[1]
+    words_column, pdl = names.index("gate_up_proj_blocks"), dependent_launch(hidden.device)
     for block_n, warps in STREAM_SHAPES:
         timed("streams", f"{block_n} rows, {warps} warps a program", lambda s, w, b=block_n, nw=warps: _stream_kernel[
-            (PICKS, rows // b)](table, s, gate_up_words, out, gate_up_columns[0], N=rows, WORDS=words, BLOCK_N=b,
+            (PICKS, rows // b)](table, s, gate_up_words, out, words_column, N=rows, WORDS=words, BLOCK_N=b,
                                 COLUMNS=len(names), num_warps=nw, **pdl), report["gate_up_words_floor_us"])
     print(f"wrote {out_path} after {time.time() - started:.0f} s")
 

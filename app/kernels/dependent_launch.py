@@ -43,7 +43,7 @@ def after_earlier_kernels(PDL: tl.constexpr):
     before this one have finished and their writes are visible."""
     if PDL:
         gdc_launch_dependents()
-        gdc_wait()
+    after_earlier_kernels_only(PDL)
 
 
 @triton.jit

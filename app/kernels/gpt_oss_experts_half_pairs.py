@@ -38,30 +38,51 @@ def run_in_half_pairs(
 ) -> torch.Tensor:
     """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
     names the table's columns; `tiles` gives each projection's rows per program and warps."""
-    picks = rows.shape[1]
-    hidden_size, width = hidden.shape[1], arenas["gate_up_proj_bias"].shape[1] // 2
-    assert hidden_size % 32 == 0 and width % 32 == 0, "MXFP4 groups are 32 wide"
-    num_pairs, device = rows.numel(), hidden.device
+    assert hidden.shape[1] % 32 == 0, "MXFP4 groups are 32 wide"
     x, x_unscale = half_pairs(hidden)
-    shift = activation_shift(limit)
+    activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, rows, limit, alpha, columns, tiles[0])
+    per_pick = down_in_half_pairs(activations, arenas, table, rows, weights, limit, columns, tiles[1])
+    return sum_picks(per_pick, rows, hidden.dtype)
+
+
+def gate_up_in_half_pairs(
+    x: torch.Tensor, x_unscale: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor,
+    rows: torch.Tensor, limit: float, alpha: float, columns: tuple[str, ...], tiles: Tiles,
+) -> torch.Tensor:
+    """The hidden states in float16 pairs (`half_pairs`: x [T, H], x_unscale [T]) -> each pair's activations
+    [T * k, W] float16, in pair order and scaled for `down_in_half_pairs`."""
+    hidden_size, width = x.shape[1], arenas["gate_up_proj_bias"].shape[1] // 2
+    assert width % 32 == 0, "MXFP4 groups are 32 wide"
+    num_pairs = rows.numel()
     gate_up_columns = [columns.index(f"gate_up_proj_{part}") for part in ("blocks", "scales", "bias")]
-    down_columns = [columns.index(f"down_proj_{part}") for part in ("blocks", "scales", "bias")]
-    activations = torch.empty((num_pairs, width), dtype=torch.float16, device=device)
-    gate_up, down = tiles
-    _half_pairs_gate_up_kernel[(num_pairs, triton.cdiv(2 * width, gate_up.features))](
+    activations = torch.empty((num_pairs, width), dtype=torch.float16, device=x.device)
+    _half_pairs_gate_up_kernel[(num_pairs, triton.cdiv(2 * width, tiles.features))](
         x, x_unscale, arenas["gate_up_proj_blocks"].view(torch.int32), arenas["gate_up_proj_scales"],
         arenas["gate_up_proj_bias"], table, rows, activations, limit, alpha, *gate_up_columns,
-        H=hidden_size, W=width, PICKS=picks, COLUMNS=len(columns), ACT_SCALE=2.0**shift, BLOCK_N=gate_up.features,
-        num_warps=gate_up.warps, **dependent_launch(device),
+        H=hidden_size, W=width, PICKS=rows.shape[1], COLUMNS=len(columns), ACT_SCALE=2.0 ** activation_shift(limit),
+        BLOCK_N=tiles.features, num_warps=tiles.warps, **dependent_launch(x.device),
     )
-    per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=device)
-    _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, down.features))](
+    return activations
+
+
+def down_in_half_pairs(
+    activations: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor, rows: torch.Tensor,
+    weights: torch.Tensor, limit: float, columns: tuple[str, ...], tiles: Tiles,
+) -> torch.Tensor:
+    """`gate_up_in_half_pairs`'s activations [T * k, W] -> one float32 row per pick [T * k, H], its bias added and
+    its routing weight applied (`sum_picks` adds a token's picks)."""
+    num_pairs, width = activations.shape
+    hidden_size = arenas["down_proj_bias"].shape[1]
+    down_columns = [columns.index(f"down_proj_{part}") for part in ("blocks", "scales", "bias")]
+    per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=activations.device)
+    _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, tiles.features))](
         activations, arenas["down_proj_blocks"].view(torch.int32), arenas["down_proj_scales"],
         arenas["down_proj_bias"], table, rows, weights, per_pick, *down_columns,
-        H=hidden_size, W=width, COLUMNS=len(columns), ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - shift),
-        BLOCK_N=down.features, num_warps=down.warps, **dependent_launch(device),
+        H=hidden_size, W=width, COLUMNS=len(columns),
+        ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(limit)),
+        BLOCK_N=tiles.features, num_warps=tiles.warps, **dependent_launch(activations.device),
     )
-    return sum_picks(per_pick, rows, hidden.dtype)
+    return per_pick
 
 
 @triton.jit
