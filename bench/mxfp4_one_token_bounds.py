@@ -4,14 +4,16 @@
 
 Every case runs in a CUDA graph cycling through 8 disjoint routings of 4 picks among 32 experts in slots (each replay
 reads its experts from DRAM), as bench/kernel_gpt_oss_experts.py times the op:
-- `parts`: the op, then its launches alone or in part (the inputs' conversion, gate_up, down, the picks' sum);
+- `parts`: the op as the engine runs it (rows that are the arenas' slots), the op reading its experts through the
+  address table (as for experts outside the slots), then its launches alone or in part (the inputs' conversion,
+  gate_up, down, the picks' sum);
 - `loads only`: the op's own kernels with their products taken out (a lane's words XORed with its inputs, the scale
   bytes added): what the programs' loads alone take; with `no inputs` the inputs' loads are gone too, with `no scales`
   the scale bytes. Made at run time from the kernels' source (written to a temporary folder and imported), so they
   follow the kernels as they are;
 - `streams`: programs that only read the 4 picks' gate_up words (what gate_up reads, less its scales, biases and
-  inputs), a program per (pick, rows) with the warps and rows of each shape, through the address table as the op
-  reads them: the bandwidth a program shape can reach at all. They let the next launch start early
+  inputs), a program per (pick, rows) with the warps and rows of each shape, in the picks' slots as the op reads
+  them: the bandwidth a program shape can reach at all. They let the next launch start early
   (`after_earlier_kernels`), as the op's kernels did before the thirty-first session (bench/NOTES.md).
 Floor = bytes / device-to-device copy bandwidth (read + written), measured in the same run.
 """
@@ -34,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.kernels import gpt_oss_experts_half_pairs, mxfp4_half_pairs
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
-from app.kernels.expert_table import columns, row_pointer, slot_table
+from app.kernels.expert_table import columns, slot_table
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.gpt_oss_experts_half_pairs import down_in_half_pairs, gate_up_in_half_pairs
 from app.kernels.gpt_oss_experts_triton import pick_config
@@ -86,13 +88,13 @@ def loads_only_module(folder: Path, name: str, inputs: bool, scales: bool):
 
 
 @triton.jit
-def _stream_kernel(table_ptr, rows_ptr, words_base, out_ptr, column, N: tl.constexpr, WORDS: tl.constexpr,
-                   BLOCK_N: tl.constexpr, COLUMNS: tl.constexpr, PDL: tl.constexpr):
-    """A program per (pick, BLOCK_N rows) reads its rows' words (lanes along a row, 128 words a step) and keeps an
-    XOR of them."""
+def _stream_kernel(rows_ptr, words_base, out_ptr, N: tl.constexpr, WORDS: tl.constexpr, BLOCK_N: tl.constexpr,
+                   PDL: tl.constexpr):
+    """A program per (pick, BLOCK_N rows) reads its rows' words (lanes along a row, 128 words a step) in the pick's
+    slot and keeps an XOR of them."""
     after_earlier_kernels(PDL)
     pair = tl.program_id(0)
-    words = row_pointer(table_ptr, tl.load(rows_ptr + pair).to(tl.int64), column, COLUMNS, words_base)
+    words = words_base + tl.load(rows_ptr + pair).to(tl.int64) * (N * WORDS)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_N, 128), tl.int32)
     for step in tl.static_range(triton.cdiv(WORDS, 128)):
@@ -141,20 +143,21 @@ def main(out_path: str) -> None:
     config = pick_config(PICKS, mxfp4=True)  # one token's picks: the float16-pair programs
     tiles = (config.gate_up, config.down)
     x, x_unscale = half_pairs(hidden)
-    activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, routings[0][0], LIMIT, ALPHA, names, tiles[0])
-    per_pick = down_in_half_pairs(activations, arenas, table, routings[0][0], routings[0][1], LIMIT, names, tiles[1])
+    activations = gate_up_in_half_pairs(x, x_unscale, arenas, None, routings[0][0], LIMIT, ALPHA, names, tiles[0])
+    per_pick = down_in_half_pairs(activations, arenas, None, routings[0][0], routings[0][1], LIMIT, names, tiles[1])
 
-    def op(module):
-        return lambda slots, weights: module.run_in_half_pairs(hidden, arenas, table, slots, weights, LIMIT, ALPHA,
+    def op(module, through=None):
+        return lambda slots, weights: module.run_in_half_pairs(hidden, arenas, through, slots, weights, LIMIT, ALPHA,
                                                                names, tiles)
 
     def gate_up(slots, weights):
-        gate_up_in_half_pairs(x, x_unscale, arenas, table, slots, LIMIT, ALPHA, names, tiles[0])
+        gate_up_in_half_pairs(x, x_unscale, arenas, None, slots, LIMIT, ALPHA, names, tiles[0])
 
     def down(slots, weights):
-        down_in_half_pairs(activations, arenas, table, slots, weights, LIMIT, names, tiles[1])
+        down_in_half_pairs(activations, arenas, None, slots, weights, LIMIT, names, tiles[1])
 
     timed("parts", "op", op(gpt_oss_experts_half_pairs), op_floor)
+    timed("parts", "op through the address table", op(gpt_oss_experts_half_pairs, table), op_floor)
     timed("parts", "conversion + gate_up + down", lambda s, w: (half_pairs(hidden), gate_up(s, w), down(s, w)))
     timed("parts", "gate_up + down", lambda s, w: (gate_up(s, w), down(s, w)))
     timed("parts", "gate_up", gate_up)
@@ -170,11 +173,11 @@ def main(out_path: str) -> None:
         sys.path.remove(folder)
     out = torch.empty(PICKS * gate_up_words.shape[1], dtype=torch.int32, device="cuda")
     rows, words = gate_up_words.shape[1], gate_up_words[0].numel() // gate_up_words.shape[1]
-    words_column, pdl = names.index("gate_up_proj_blocks"), dependent_launch(hidden.device)
+    pdl = dependent_launch(hidden.device)
     for block_n, warps in STREAM_SHAPES:
         timed("streams", f"{block_n} rows, {warps} warps a program", lambda s, w, b=block_n, nw=warps: _stream_kernel[
-            (PICKS, rows // b)](table, s, gate_up_words, out, words_column, N=rows, WORDS=words, BLOCK_N=b,
-                                COLUMNS=len(names), num_warps=nw, **pdl), report["gate_up_words_floor_us"])
+            (PICKS, rows // b)](s, gate_up_words, out, N=rows, WORDS=words, BLOCK_N=b, num_warps=nw, **pdl),
+              report["gate_up_words_floor_us"])
     print(f"wrote {out_path} after {time.time() - started:.0f} s")
 
 

@@ -1,6 +1,6 @@
 """Where the MXFP4 one-token expert programs spend their instructions, without a GPU: gpt-oss-20b's gate_up and down
 in float16 pairs (gpt_oss_experts_half_pairs.py) at the default rows a program, compiled for sm_90 as an H200 launches
-them (dependent launches on), their SASS counted by class.
+them for a resident decode (dependent launches on, the picks' rows the arenas' slots), their SASS counted by class.
 
     python3 bench/mxfp4_one_token_sass.py OUT.json
 
@@ -30,17 +30,18 @@ from bench.sm90_sass import compile_sm90, sass_opcodes
 HIDDEN = WIDTH = 2880  # gpt-oss-20b
 PICKS, COLUMNS, LIMIT = 4, 6, 7.0
 DEFAULT = pick_config(PICKS, mxfp4=True)  # one token's picks: the float16-pair programs
-TABLE = {"weight_ptr": "*i32", "scale_ptr": "*u8", "bias_ptr": "*bf16", "table_ptr": "*i64", "rows_ptr": "*i64"}
+TABLE = {"weight_ptr": "*i32", "scale_ptr": "*u8", "bias_ptr": "*bf16", "rows_ptr": "*i64"}
 COLUMN_INDICES = dict.fromkeys(("weight_column", "scale_column", "bias_column"), "i32")
 KERNELS = {
     "gate_up": (_half_pairs_gate_up_kernel, {"pairs_ptr": "*fp16", "unscale_ptr": "*fp32", **TABLE,
                                              "activations_ptr": "*fp16", "limit": "fp32", "alpha": "fp32",
                                              **COLUMN_INDICES},
-                dict(H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=COLUMNS, ACT_SCALE=2.0 ** activation_shift(LIMIT),
-                     BLOCK_N=DEFAULT.gate_up.features, PDL=True), DEFAULT.gate_up.warps, HIDDEN),
+                dict(table_ptr=None, H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=COLUMNS,
+                     ACT_SCALE=2.0 ** activation_shift(LIMIT), BLOCK_N=DEFAULT.gate_up.features, PDL=True),
+                DEFAULT.gate_up.warps, HIDDEN),
     "down": (_half_pairs_down_kernel, {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16",
                                        "per_pick_ptr": "*fp32", **COLUMN_INDICES},
-             dict(H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=DEFAULT.down.features, PDL=True,
+             dict(table_ptr=None, H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=DEFAULT.down.features, PDL=True,
                   ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT))), DEFAULT.down.warps, WIDTH),
 }
 DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2")

@@ -2,8 +2,9 @@
 float16 pairs (mxfp4_half_pairs.py).
 
 One program per pair and block of output rows, so every weight of a pair's expert is read once by one program; a
-pair reads its expert where its row of the address table (expert_table.py) points, and a skipped pick's programs
-return at once. No tile plan: at one pair per program there is nothing to group.
+pair reads its expert where its row of the address table (expert_table.py) points, or without a table in that slot of
+the arenas (one dependent read fewer before the weights), and a skipped pick's programs return at once. No tile
+plan: at one pair per program there is nothing to group.
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W] times 2^shift, in pair order.
 - down: bias and routing weight in the epilogue -> one float32 row per pick [P, H], which `sum_picks` adds.
@@ -28,7 +29,7 @@ from app.kernels.mxfp4_half_pairs import (
 def run_in_half_pairs(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
-    table: torch.Tensor,
+    table: torch.Tensor | None,
     rows: torch.Tensor,
     weights: torch.Tensor,
     limit: float,
@@ -37,7 +38,8 @@ def run_in_half_pairs(
     tiles: tuple[Tiles, Tiles],
 ) -> torch.Tensor:
     """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
-    names the table's columns; `tiles` gives each projection's rows per program and warps."""
+    names the table's columns; `tiles` gives each projection's rows per program and warps. With no table the rows
+    are the arenas' slots."""
     assert hidden.shape[1] % 32 == 0, "MXFP4 groups are 32 wide"
     x, x_unscale = half_pairs(hidden)
     activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, rows, limit, alpha, columns, tiles[0])
@@ -46,7 +48,7 @@ def run_in_half_pairs(
 
 
 def gate_up_in_half_pairs(
-    x: torch.Tensor, x_unscale: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor,
+    x: torch.Tensor, x_unscale: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor | None,
     rows: torch.Tensor, limit: float, alpha: float, columns: tuple[str, ...], tiles: Tiles,
 ) -> torch.Tensor:
     """The hidden states in float16 pairs (`half_pairs`: x [T, H], x_unscale [T]) -> each pair's activations
@@ -66,7 +68,7 @@ def gate_up_in_half_pairs(
 
 
 def down_in_half_pairs(
-    activations: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor, rows: torch.Tensor,
+    activations: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor | None, rows: torch.Tensor,
     weights: torch.Tensor, limit: float, columns: tuple[str, ...], tiles: Tiles,
 ) -> torch.Tensor:
     """`gate_up_in_half_pairs`'s activations [T * k, W] -> one float32 row per pick [T * k, H], its bias added and
@@ -96,11 +98,16 @@ def clamped_swiglu(gate, up, limit, alpha):
 
 @triton.jit
 def _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column, bias_column,
-            COLUMNS: tl.constexpr):
-    """The pointers of the tensors of the expert in row `row` of the address table."""
-    weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
-    scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
-    return weights, scales, row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
+            COLUMNS: tl.constexpr, N: tl.constexpr, K: tl.constexpr):
+    """The pointers of the tensors of the expert in row `row` of the address table, or in slot `row` of the arenas
+    (N x K weights a slot) where there is no table."""
+    if table_ptr is None:
+        weights, scales, biases = weight_ptr + row * (N * K // 8), scale_ptr + row * (N * K // 32), bias_ptr + row * N
+    else:
+        weights = row_pointer(table_ptr, row, weight_column, COLUMNS, weight_ptr)
+        scales = row_pointer(table_ptr, row, scale_column, COLUMNS, scale_ptr)
+        biases = row_pointer(table_ptr, row, bias_column, COLUMNS, bias_ptr)
+    return weights, scales, biases
 
 
 @triton.jit
@@ -116,7 +123,7 @@ def _half_pairs_gate_up_kernel(
     if row < 0:
         return
     weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
-                                      bias_column, COLUMNS)
+                                      bias_column, COLUMNS, 2 * W, H)
     token = pair // PICKS
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = pairs_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + token * (H // 2)  # K / 2 uint32 pairs a row
@@ -141,7 +148,7 @@ def _half_pairs_down_kernel(
     if row < 0:
         return
     weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
-                                      bias_column, COLUMNS)
+                                      bias_column, COLUMNS, H, W)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
     acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N)

@@ -75,13 +75,13 @@ def run_experts(
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
-    return run_from_table(hidden, arenas, slot_table(arenas), slots, weights, limit, alpha, config)
+    return run_from_table(hidden, arenas, None, slots, weights, limit, alpha, config)
 
 
 def run_from_table(
     hidden: torch.Tensor,
     arenas: dict[str, torch.Tensor],
-    table: torch.Tensor,
+    table: torch.Tensor | None,
     rows: torch.Tensor,
     weights: torch.Tensor,
     limit: float,
@@ -89,7 +89,8 @@ def run_from_table(
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """`run_experts` reading each expert where its row of the address table [R, C] points: rows [T, k] (-1:
-    skip). The arenas give the tensors' names, shapes and dtypes (the table's columns)."""
+    skip). The arenas give the tensors' names, shapes and dtypes (the table's columns); no table: the rows are the
+    arenas' slots."""
     tokens, picks = rows.shape
     chunk = max(1, MAX_PAIRS // picks)
     if tokens > chunk:
@@ -124,6 +125,7 @@ def run_from_table(
                                  (config.gate_up, config.down))
 
     num_pairs, device = rows.numel(), hidden.device
+    table = slot_table(arenas) if table is None else table
     plan = plan_tiles(rows, table.shape[0], config.pairs_per_tile)
     tiles_in = (plan.sorted_pairs, plan.sorted_slots, plan.tile_starts, plan.tile_count)
     if config.cuda_cores:  # the products read 8 codes at a time: [S, N, K/32, 16] bytes -> [S, N, K/32, 4] words

@@ -38,26 +38,29 @@ def mixed_table(sources: dict[str, torch.Tensor], slots: dict[str, torch.Tensor]
 
 
 GPT_OSS_CASES = [
-    (1, True, None),  # the CUDA-core products (one token)
-    (5, True, None),  # the matrix units
-    (5, False, None),
-    (3, True, LaunchConfig(2, Tiles(64, 64), Tiles(32, 64), cuda_cores=True)),
+    (1, True, None, torch.float32),  # the CUDA-core products (one token)
+    (1, True, None, torch.bfloat16),  # the float16-pair products (one token, the decode step's)
+    (5, True, None, torch.float32),  # the matrix units
+    (5, False, None, torch.float32),
+    (3, True, LaunchConfig(2, Tiles(64, 64), Tiles(32, 64), cuda_cores=True), torch.float32),
 ]
 
 
-@pytest.mark.parametrize(("tokens", "mxfp4", "config"), GPT_OSS_CASES, ids=["cuda-cores", "mxfp4", "bf16", "2-pairs"])
-def test_gpt_oss_experts_read_where_the_table_points(tokens, mxfp4, config):
+@pytest.mark.parametrize(("tokens", "mxfp4", "config", "dtype"), GPT_OSS_CASES,
+                         ids=["cuda-cores", "half-pairs", "mxfp4", "bf16", "2-pairs"])
+def test_gpt_oss_experts_read_where_the_table_points(tokens, mxfp4, config, dtype):
     generator = torch.Generator().manual_seed(tokens * 10 + mxfp4)
     sources = random_arenas(NUM_EXPERTS, mxfp4, generator)
     slots = {name: torch.zeros_like(t[:NUM_SLOTS]) for name, t in sources.items()}
     table = mixed_table(sources, slots, generator)
     rows, weights = random_routing(tokens, 4, NUM_EXPERTS, generator)
-    hidden = torch.randn(tokens, sources["down_proj_bias"].shape[1], generator=generator)
+    hidden = torch.randn(tokens, sources["down_proj_bias"].shape[1], generator=generator).to(dtype)
     with poisoned_allocations(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", "overflow encountered in exp")
-        out = gpt_oss_experts_triton.run_from_table(hidden, slots, table, rows, weights, LIMIT, ALPHA, config)
-    ref = gpt_oss_experts_torch(hidden, sources, rows, weights, LIMIT, ALPHA)
-    assert relative_error(out, ref) < (1e-4 if mxfp4 else 1e-5)
+        out = gpt_oss_experts_triton.run_from_table(hidden, slots, table, rows, weights.to(dtype), LIMIT, ALPHA,
+                                                    config)
+    ref = gpt_oss_experts_torch(hidden.float(), sources, rows, weights.to(dtype).float(), LIMIT, ALPHA)
+    assert relative_error(out, ref) < {torch.float32: 1e-4 if mxfp4 else 1e-5, torch.bfloat16: 6e-3}[dtype]
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
