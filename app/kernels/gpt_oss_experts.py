@@ -65,12 +65,23 @@ def gpt_oss_experts(
     weights: torch.Tensor,
     limit: float,
     alpha: float,
+    hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """`gpt_oss_experts_torch` in Triton: one launch per projection for all tokens and picks."""
+    """`gpt_oss_experts_torch` in Triton: one launch per projection for all tokens and picks; `hidden_pairs`, the
+    hidden states already in float16 pairs where `takes_hidden_pairs`."""
     # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
     from app.kernels.gpt_oss_experts_triton import run_experts
 
-    return run_experts(hidden, arenas, slots, weights, limit, alpha)
+    return run_experts(hidden, arenas, slots, weights, limit, alpha, hidden_pairs=hidden_pairs)
+
+
+def takes_hidden_pairs(num_pairs: int, dtype: torch.dtype, arenas: dict[str, torch.Tensor]) -> bool:
+    """Whether `gpt_oss_experts` reads that many (token, pick) pairs' hidden states of `dtype` in float16 pairs
+    (MXFP4 weights, 16-bit hidden states, the one-token programs), which the norm before can then give it."""
+    from app.kernels.gpt_oss_experts_triton import pick_config
+
+    return ("gate_up_proj_blocks" in arenas and dtype != torch.float32
+            and pick_config(num_pairs, mxfp4=True).half_pairs)
 
 
 def gpt_oss_experts_cpu(
@@ -118,4 +129,5 @@ def gpt_oss_expert_op(device: torch.device, limit: float, alpha: float, mxfp4: b
     by_table = partial(gpt_oss_experts_from_table, limit=limit, alpha=alpha) if triton_runs(device) else None
     on_host = partial(gpt_oss_on_host, limit=limit, alpha=alpha) if mxfp4 and cpu.library() else None
     return ExpertOp(partial(gpt_oss_experts_op(device, mxfp4), limit=limit, alpha=alpha), by_table,
-                    capturable=device.type == "cuda", on_host=on_host)
+                    capturable=device.type == "cuda", on_host=on_host,
+                    **({"takes_hidden_pairs": takes_hidden_pairs} if triton_runs(device) else {}))

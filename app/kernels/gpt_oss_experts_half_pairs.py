@@ -36,12 +36,13 @@ def run_in_half_pairs(
     alpha: float,
     columns: tuple[str, ...],
     tiles: tuple[Tiles, Tiles],
+    hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
     names the table's columns; `tiles` gives each projection's rows per program and warps. With no table the rows
-    are the arenas' slots."""
+    are the arenas' slots; `hidden_pairs`, `half_pairs(hidden)` where the norm that made hidden gave it too."""
     assert hidden.shape[1] % 32 == 0, "MXFP4 groups are 32 wide"
-    x, x_unscale = half_pairs(hidden)
+    x, x_unscale = half_pairs(hidden) if hidden_pairs is None else hidden_pairs
     activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, rows, limit, alpha, columns, tiles[0])
     per_pick = down_in_half_pairs(activations, arenas, table, rows, weights, limit, columns, tiles[1])
     return sum_picks(per_pick, rows, hidden.dtype)

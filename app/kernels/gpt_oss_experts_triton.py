@@ -73,9 +73,12 @@ def run_experts(
     limit: float,
     alpha: float,
     config: LaunchConfig | None = None,
+    hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]."""
-    return run_from_table(hidden, arenas, None, slots, weights, limit, alpha, config)
+    """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]; `hidden_pairs`, hidden
+    as `mxfp4_half_pairs.half_pairs` gives it, where the float16-pair programs run
+    (gpt_oss_experts.takes_hidden_pairs)."""
+    return run_from_table(hidden, arenas, None, slots, weights, limit, alpha, config, hidden_pairs)
 
 
 def run_from_table(
@@ -87,6 +90,7 @@ def run_from_table(
     limit: float,
     alpha: float,
     config: LaunchConfig | None = None,
+    hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`run_experts` reading each expert where its row of the address table [R, C] points: rows [T, k] (-1:
     skip). The arenas give the tensors' names, shapes and dtypes (the table's columns); no table: the rows are the
@@ -122,7 +126,8 @@ def run_from_table(
     assert not config.half_pairs or (config.cuda_cores and config.pairs_per_tile == 1), "half pairs: 1 pair a tile"
     if config.half_pairs and hidden.dtype != torch.float32:  # float32 activations keep float32 products
         return run_in_half_pairs(hidden, arenas, table, rows, weights, limit, alpha, names,
-                                 (config.gate_up, config.down))
+                                 (config.gate_up, config.down), hidden_pairs)
+    assert hidden_pairs is None, "hidden in float16 pairs is for the float16-pair programs (takes_hidden_pairs)"
 
     num_pairs, device = rows.numel(), hidden.device
     table = slot_table(arenas) if table is None else table

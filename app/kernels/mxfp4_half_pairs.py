@@ -69,14 +69,20 @@ def _half_pairs_kernel(x_ptr, pairs_ptr, unscale_ptr, K: tl.constexpr, BLOCK: tl
     after_earlier_kernels(PDL)
     token = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
-    inside = columns < K
-    x = tl.load(x_ptr + token * K + columns, mask=inside, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + token * K + columns, mask=columns < K, other=0.0).to(tl.float32)
+    store_half_pairs(x, columns, pairs_ptr + token * K, unscale_ptr + token, K)
+
+
+@triton.jit
+def store_half_pairs(x, columns, pairs_ptr, unscale_ptr, K: tl.constexpr):
+    """One token's inputs x [BLOCK] float32 at `columns` (0 past K) -> `half_pairs`'s row at pairs_ptr and its
+    unscaling factor at unscale_ptr."""
     # |x| < 2^(E - 126) for the largest |x|'s exponent field E: scale by 2^(140 - E), within 2^±100 (x all zero)
     field = (tl.max(tl.abs(x), axis=0).to(tl.int32, bitcast=True) >> 23) & 0xFF
     exponent = tl.minimum(tl.maximum(140 - field, -100), 100)
     scale = ((exponent + 127) << 23).to(tl.float32, bitcast=True)
-    tl.store(pairs_ptr + token * K + pair_order(columns, K), (x * scale).to(tl.float16), mask=inside)
-    tl.store(unscale_ptr + token, ((141 - exponent) << 23).to(tl.float32, bitcast=True))  # 2^(14 - exponent)
+    tl.store(pairs_ptr + pair_order(columns, K), (x * scale).to(tl.float16), mask=columns < K)
+    tl.store(unscale_ptr, ((141 - exponent) << 23).to(tl.float32, bitcast=True))  # 2^(14 - exponent)
 
 
 @triton.jit

@@ -2,7 +2,7 @@
 
 `add_rms_norm` runs the Triton kernel of norms_triton.py (one launch for the add, the sum of squares and the
 scaled output); `add_rms_norm_torch` is the reference with the same signature; `add_rms_norm_op` picks one for
-a device.
+a device. `add_rms_norm_half_pairs` also gives the norm as the MXFP4 one-token experts read it.
 """
 
 from collections.abc import Callable
@@ -33,6 +33,17 @@ def add_rms_norm(
     from app.kernels.norms_triton import run_add_rms_norm  # Triton exists on Linux only
 
     return run_add_rms_norm(x, delta, weight, eps)
+
+
+def add_rms_norm_half_pairs(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """`add_rms_norm`, and its norm as the MXFP4 one-token experts take their inputs (`half_pairs` of
+    mxfp4_half_pairs.py), from the same launch; Triton only."""
+    from app.kernels.norms_triton import run_add_rms_norm
+
+    total, normed, pairs, unscale = run_add_rms_norm(x, delta, weight, eps, half_pairs=True)
+    return total, normed, (pairs, unscale)
 
 
 def add_rms_norm_op(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:

@@ -1,30 +1,35 @@
-"""The residual add and RMSNorm of norms.py in one Triton kernel: one program per token."""
+"""The residual add and RMSNorm of norms.py in one Triton kernel: one program per token; for the MXFP4 one-token
+experts also the norm in float16 pairs (mxfp4_half_pairs.py), which then take no conversion launch of their own."""
 
 import torch
 import triton
 import triton.language as tl
 
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
+from app.kernels.mxfp4_half_pairs import store_half_pairs
 
 
 def run_add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, delta [T, H], weight [H] -> (x + delta, its RMSNorm), both in x's dtype."""
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, half_pairs: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """x, delta [T, H], weight [H] -> (x + delta, its RMSNorm), both in x's dtype; with `half_pairs` also the norm
+    as `mxfp4_half_pairs.half_pairs` gives it (pairs [T, H] float16, unscale [T] float32), from the same launch."""
     assert x.shape == delta.shape and x.dim() == 2 and weight.shape == (x.shape[1],)
     x, delta = x.contiguous(), delta.contiguous()
     total, normed = torch.empty_like(x), torch.empty_like(x)
-    hidden = x.shape[1]
-    _add_rms_norm_kernel[(x.shape[0],)](
-        x, delta, weight, total, normed, hidden, eps, BLOCK=triton.next_power_of_2(hidden), num_warps=8,
-        **dependent_launch(x.device),
+    tokens, hidden = x.shape
+    pairs = torch.empty((tokens, hidden), dtype=torch.float16, device=x.device) if half_pairs else None
+    unscale = torch.empty(tokens, dtype=torch.float32, device=x.device) if half_pairs else None
+    _add_rms_norm_kernel[(tokens,)](
+        x, delta, weight, total, normed, pairs, unscale, hidden, eps, BLOCK=triton.next_power_of_2(hidden),
+        PAIRS_K=hidden if half_pairs else 0, num_warps=8, **dependent_launch(x.device),
     )
-    return total, normed
+    return (total, normed, pairs, unscale) if half_pairs else (total, normed)
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, total_ptr, normed_ptr, hidden, eps, BLOCK: tl.constexpr,
-                         PDL: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, total_ptr, normed_ptr, pairs_ptr, unscale_ptr, hidden, eps,
+                         BLOCK: tl.constexpr, PAIRS_K: tl.constexpr, PDL: tl.constexpr):
     after_earlier_kernels(PDL)
     columns = tl.arange(0, BLOCK)
     inside = columns < hidden
@@ -37,4 +42,7 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, total_ptr, normed_ptr, hi
     total = total.to(tl.float32)
     scale = tl.rsqrt(tl.sum(total * total, axis=0) / hidden + eps)
     weight = tl.load(weight_ptr + columns, mask=inside, other=0.0).to(tl.float32)
-    tl.store(normed_ptr + row + columns, (total * scale * weight).to(normed_ptr.dtype.element_ty), mask=inside)
+    normed = (total * scale * weight).to(normed_ptr.dtype.element_ty)
+    tl.store(normed_ptr + row + columns, normed, mask=inside)
+    if PAIRS_K > 0:  # from the norm as stored, as the separate conversion would read it
+        store_half_pairs(normed.to(tl.float32), columns, pairs_ptr + row, unscale_ptr + tl.program_id(0), PAIRS_K)

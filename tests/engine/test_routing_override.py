@@ -15,9 +15,9 @@ def recorded_routing(model) -> list[tuple]:
     """Every call of the model's expert cache: (layer, top_experts, top_weights, predictions)."""
     calls, run = [], model.experts.run
 
-    def recording(layer, hidden, top_experts, top_weights, op, predictions=None, slots=None):
+    def recording(layer, hidden, top_experts, top_weights, op, predictions=None, **given):
         calls.append((layer, top_experts.clone(), top_weights.clone(), dict(predictions or {})))
-        return run(layer, hidden, top_experts, top_weights, op, predictions, slots=slots)
+        return run(layer, hidden, top_experts, top_weights, op, predictions, **given)
 
     model.experts.run = recording
     return calls

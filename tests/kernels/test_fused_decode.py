@@ -6,16 +6,19 @@ GLM-4.5-Air's layout (q/k/v biases, partial rotary; grouped routing here) and GL
 import pytest
 import torch
 
+from app.engine.experts.cache import ExpertCache
 from app.engine.loader import load_model
+from app.engine.models import gpt_oss
+from app.kernels.norms import add_rms_norm_half_pairs
 from app.model_folder import ModelFolder
 from tests.fixtures.tiny_glm import write_tiny_glm
 
 PROMPT = list(range(40, 46))
 
 
-def greedy_logits(folder, steps: int) -> tuple[list[int], torch.Tensor]:
+def greedy_logits(folder, steps: int, dtype: str = "float32") -> tuple[list[int], torch.Tensor]:
     """Greedy tokens and their logits [steps, V] of eager passes: the prompt, then one token at a time."""
-    model = load_model(ModelFolder.open(folder), device="cpu", dtype="float32", context=32).model
+    model = load_model(ModelFolder.open(folder), device="cpu", dtype=dtype, context=32).model
     cache = model.new_kv_cache(32)
     with torch.inference_mode():
         logits = [model.forward(torch.tensor(PROMPT), cache, last_only=True)[-1]]
@@ -39,3 +42,16 @@ def test_fused_decode_steps_match_the_torch_path(checkpoint, monkeypatch):
     torch_tokens, reference = greedy_logits(checkpoint, 3)
     assert fused_tokens == torch_tokens
     torch.testing.assert_close(fused, reference, rtol=1e-4, atol=1e-4)
+
+
+def test_gpt_oss_one_token_experts_take_their_inputs_from_the_norm(tiny_gpt_oss, monkeypatch):
+    """bf16: each one-token step's post-attention norm also gives the MXFP4 experts their float16 pairs, and the
+    logits are those of the experts converting the norm themselves."""
+    norms = []
+    monkeypatch.setattr(gpt_oss, "add_rms_norm_half_pairs",
+                        lambda *args: norms.append(1) or add_rms_norm_half_pairs(*args))
+    tokens, logits = greedy_logits(tiny_gpt_oss, 3, "bfloat16")
+    assert len(norms) == 2 * 4  # the two one-token steps' 4 layers; the prompt's 6 tokens take the matrix units
+    monkeypatch.setattr(ExpertCache, "takes_hidden_pairs", lambda *args: False)
+    converting_tokens, converting = greedy_logits(tiny_gpt_oss, 3, "bfloat16")
+    assert tokens == converting_tokens and torch.equal(logits, converting)

@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from app.kernels import gpt_oss_experts_triton
-from app.kernels.gpt_oss_experts import gpt_oss_experts, gpt_oss_experts_op, gpt_oss_experts_torch
+from app.kernels.gpt_oss_experts import (
+    gpt_oss_experts,
+    gpt_oss_experts_op,
+    gpt_oss_experts_torch,
+    takes_hidden_pairs,
+)
 from app.kernels.gpt_oss_experts_triton import (
     HALF_PAIRS_DOWN_ROWS,
     HALF_PAIRS_ROWS,
@@ -173,6 +178,26 @@ def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, wi
     assert relative_error(out, ref) < 6e-3  # bf16 output rounding alone is ~2e-3
     if tokens > 1:
         assert (out[1] == 0).all()  # all its picks skipped
+
+
+def test_hidden_in_half_pairs_from_before_gives_the_op_its_own_result():
+    """What the norm hands the op (norms.add_rms_norm_half_pairs: `half_pairs` of its output) changes nothing."""
+    generator = torch.Generator().manual_seed(5)
+    arenas = random_arenas(5, True, generator)
+    slots, weights = random_routing(1, 4, 5, generator)
+    hidden, weights = (torch.randn(1, HIDDEN, generator=generator) * 3).bfloat16(), weights.bfloat16()
+    assert takes_hidden_pairs(slots.numel(), hidden.dtype, arenas)
+    out = gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, hidden_pairs=half_pairs(hidden))
+    assert torch.equal(out, gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA))
+
+
+def test_only_the_float16_pair_programs_take_hidden_in_half_pairs():
+    generator = torch.Generator().manual_seed(6)
+    mxfp4, dense = random_arenas(2, True, generator), random_arenas(2, False, generator)
+    assert takes_hidden_pairs(4, torch.bfloat16, mxfp4)
+    assert not takes_hidden_pairs(4, torch.float32, mxfp4)  # float32 products
+    assert not takes_hidden_pairs(8, torch.bfloat16, mxfp4)  # the matrix units
+    assert not takes_hidden_pairs(4, torch.bfloat16, dense)
 
 
 def test_half_pairs_scale_by_a_power_of_two_into_pair_order():

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from app.kernels.norms import add_rms_norm, add_rms_norm_torch
+from app.kernels.mxfp4_half_pairs import half_pairs
+from app.kernels.norms import add_rms_norm, add_rms_norm_half_pairs, add_rms_norm_torch
 from tests.kernels.poison import poisoned_allocations
 
 
@@ -20,3 +21,16 @@ def test_add_rms_norm_matches_reference(tokens, hidden, dtype):
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(total, want_total, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(normed, want_normed, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("tokens, hidden", [(1, 2880), (2, 96)])
+def test_the_norm_in_half_pairs_is_the_separate_conversion_of_the_norm(tokens, hidden):
+    generator = torch.Generator().manual_seed(hidden)
+    x, delta = (torch.randn(tokens, hidden, generator=generator).bfloat16() for _ in range(2))
+    weight = torch.rand(hidden, generator=generator) * 8  # norms past 2^3: the pairs' scaling shifts
+    with poisoned_allocations():
+        total, normed, (pairs, unscale) = add_rms_norm_half_pairs(x, delta, weight, 1e-5)
+        want_total, want_normed = add_rms_norm(x, delta, weight, 1e-5)
+        want_pairs, want_unscale = half_pairs(want_normed)
+    assert torch.equal(total, want_total) and torch.equal(normed, want_normed)
+    assert torch.equal(pairs, want_pairs) and torch.equal(unscale, want_unscale)

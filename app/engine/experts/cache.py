@@ -138,6 +138,12 @@ class ExpertCache:
         (its one launch then needs no copies waited for nor slots resolved on the host)."""
         return self.complete and experts_fn.takes_shared(num_tokens, self.arenas)
 
+    def takes_hidden_pairs(self, experts_fn: ExpertOp, num_pairs: int, dtype: torch.dtype) -> bool:
+        """Whether `run` can take that many (token, pick) pairs' hidden states in float16 pairs from the norm that
+        made them (norms.add_rms_norm_half_pairs): the op reads them so, and every expert is resident (its launch
+        then comes straight from the router's)."""
+        return self.complete and experts_fn.takes_hidden_pairs(num_pairs, dtype, self.arenas)
+
     def resident_lookup(self, layer: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Where every expert is resident, what a router needs to look one token's slots up in its own launch
         (sigmoid_router.sigmoid_router_slots): this layer's slot row [E + 1] and the uses counter; else None."""
@@ -160,17 +166,20 @@ class ExpertCache:
         predictions: dict[int, torch.Tensor] | None = None,
         shared: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
+        hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """hidden [T, H], top_experts/top_weights [T, k] -> [T, H]; slot -1 marks experts outside the current group.
         `predictions` maps later layers to experts [N]; their copies start once this layer's kernel is queued.
         `shared`, a shared expert's address row the op adds, where `takes_shared`; `slots`, the picks' slots where
-        the router looked them up (`resident_lookup`)."""
+        the router looked them up (`resident_lookup`); `hidden_pairs`, hidden in float16 pairs, where
+        `takes_hidden_pairs`."""
         if self.complete:
             if slots is None:
                 slots = self._slots_of_resident(layer, top_experts)
-            return experts_fn(hidden, self.arenas, slots, top_weights, shared=shared)
+            return experts_fn(hidden, self.arenas, slots, top_weights, shared=shared, hidden_pairs=hidden_pairs)
         assert slots is None, "only a complete cache's slots are looked up by the router (resident_lookup)"
         assert shared is None, "only a complete cache's op adds the shared expert (takes_shared)"
+        assert hidden_pairs is None, "only a complete cache's op takes hidden in float16 pairs (takes_hidden_pairs)"
         if self.device_misses is not None and len(hidden) <= DEVICE_PASS_MAX_TOKENS:
             return self.device_misses.run(layer, hidden, top_experts, top_weights, experts_fn)
         layers = sorted(predictions or {})

@@ -74,9 +74,11 @@ class ExpertParallelCache:
         predictions: dict[int, torch.Tensor] | None = None,
         shared: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
+        hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """`ExpertCache.run`, the result [T, H] on the first device."""
         assert shared is None, "the shared expert runs beside experts split over devices (takes_shared)"
+        assert hidden_pairs is None, "hidden goes to every device as it is (takes_hidden_pairs)"
         assert slots is None, "each device looks its own slots up (resident_lookup)"
         predictions = predictions or {}
         owners = self.owner[layer][top_experts]
@@ -105,6 +107,9 @@ class ExpertParallelCache:
 
     def takes_shared(self, experts_fn: Callable[..., torch.Tensor], num_tokens: int) -> bool:
         return False  # each device's op runs its own picks: the shared expert keeps its own launches
+
+    def takes_hidden_pairs(self, experts_fn: Callable[..., torch.Tensor], num_pairs: int, dtype: torch.dtype) -> bool:
+        return False  # hidden goes to every device as it is
 
     def resident_lookup(self, layer: int, num_tokens: int) -> None:
         return None  # picks are split over devices first

@@ -15,7 +15,9 @@ OTHER_DEVICE = -1  # an expert id routed to another device's cache (expert_paral
 class Routing(NamedTuple):
     """hidden [T, H] (normed), top_experts and top_weights [T, k], predictions {later layer: experts [T, k]};
     `shared`, the address row (expert_table.address_row) of a shared expert the routed ones' op adds, or None;
-    `slots` [1, k], the picks' slots where the router looked them up (`ExpertCache.resident_lookup`), or None."""
+    `slots` [1, k], the picks' slots where the router looked them up (`ExpertCache.resident_lookup`), or None;
+    `hidden_pairs`, hidden in float16 pairs where the norm gave them for the op (`ExpertCache.takes_hidden_pairs`),
+    or None."""
 
     hidden: torch.Tensor
     top_experts: torch.Tensor
@@ -23,6 +25,7 @@ class Routing(NamedTuple):
     predictions: dict[int, torch.Tensor]
     shared: torch.Tensor | None = None
     slots: torch.Tensor | None = None
+    hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ExpertStore:

@@ -17,7 +17,7 @@ from app.engine.weights.checkpoint import Checkpoint
 from app.kernels.choice import triton_runs
 from app.kernels.decode_attention import decode_attention
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
-from app.kernels.norms import add_rms_norm_op, rms_norm
+from app.kernels.norms import add_rms_norm_half_pairs, add_rms_norm_op, rms_norm
 from app.kernels.rotary_cache import rotary_cache_write_op
 from app.kernels.router import top_k_router_op, top_k_router_slots_op
 
@@ -186,13 +186,17 @@ class GptOss(MoeDecoder):
         return self._attention(index, self.layers[index], normed, context, cache)
 
     def until_routed(self, index: int, x: torch.Tensor, attended: torch.Tensor) -> tuple[torch.Tensor, Routing]:
-        layer = self.layers[index]
-        x, normed = self.add_norm(x, attended, layer["post_norm"], self.config.rms_norm_eps)
+        layer, eps = self.layers[index], self.config.rms_norm_eps
+        num_pairs = len(x) * self.config.num_experts_per_tok
+        if self.experts.takes_hidden_pairs(self.run_experts, num_pairs, x.dtype):  # the experts' inputs from the norm
+            x, normed, hidden_pairs = add_rms_norm_half_pairs(x, attended, layer["post_norm"], eps)
+            return x, self._routing(index, layer, normed)._replace(hidden_pairs=hidden_pairs)
+        x, normed = self.add_norm(x, attended, layer["post_norm"], eps)
         return x, self._routing(index, layer, normed)
 
     def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
         return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
-                                routing.predictions, slots=routing.slots)
+                                routing.predictions, slots=routing.slots, hidden_pairs=routing.hidden_pairs)
 
     def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
         layer = self.layers[index]
