@@ -4,9 +4,10 @@
 
 Every case runs in a CUDA graph cycling through 8 disjoint routings of 4 picks among 32 experts in slots (each replay
 reads its experts from DRAM), as bench/kernel_gpt_oss_experts.py times the op:
-- `parts`: the op as the engine runs it (rows that are the arenas' slots), the op reading its experts through the
-  address table (as for experts outside the slots), then its launches alone or in part (the inputs' conversion,
-  gate_up, down, the picks' sum);
+- `parts`: the op as a resident decode runs it (rows that are the arenas' slots, the inputs in float16 pairs from
+  the norm before: norms.add_rms_norm_half_pairs), the op with its own conversion of the inputs, the op reading its
+  experts through the address table (as for experts outside the slots), then its launches alone or in part (the
+  inputs' conversion, gate_up, down, the picks' sum);
 - `loads only`: the op's own kernels with their products taken out (a lane's words XORed with its inputs, the scale
   bytes added): what the programs' loads alone take; with `no inputs` the inputs' loads are gone too, with `no scales`
   the scale bytes. Made at run time from the kernels' source (written to a temporary folder and imported), so they
@@ -146,9 +147,9 @@ def main(out_path: str) -> None:
     activations = gate_up_in_half_pairs(x, x_unscale, arenas, None, routings[0][0], LIMIT, ALPHA, names, tiles[0])
     per_pick = down_in_half_pairs(activations, arenas, None, routings[0][0], routings[0][1], LIMIT, names, tiles[1])
 
-    def op(module, through=None):
+    def op(module, through=None, hidden_pairs=None):
         return lambda slots, weights: module.run_in_half_pairs(hidden, arenas, through, slots, weights, LIMIT, ALPHA,
-                                                               names, tiles)
+                                                               names, tiles, hidden_pairs)
 
     def gate_up(slots, weights):
         gate_up_in_half_pairs(x, x_unscale, arenas, None, slots, LIMIT, ALPHA, names, tiles[0])
@@ -156,7 +157,8 @@ def main(out_path: str) -> None:
     def down(slots, weights):
         down_in_half_pairs(activations, arenas, None, slots, weights, LIMIT, names, tiles[1])
 
-    timed("parts", "op", op(gpt_oss_experts_half_pairs), op_floor)
+    timed("parts", "op", op(gpt_oss_experts_half_pairs, hidden_pairs=(x, x_unscale)), op_floor)
+    timed("parts", "op converting its inputs", op(gpt_oss_experts_half_pairs), op_floor)
     timed("parts", "op through the address table", op(gpt_oss_experts_half_pairs, table), op_floor)
     timed("parts", "conversion + gate_up + down", lambda s, w: (half_pairs(hidden), gate_up(s, w), down(s, w)))
     timed("parts", "gate_up + down", lambda s, w: (gate_up(s, w), down(s, w)))
@@ -168,8 +170,8 @@ def main(out_path: str) -> None:
         sys.path.insert(0, folder)
         for name, inputs, scales in (("loads_only", True, True), ("loads_only_no_inputs", False, True),
                                      ("loads_only_no_inputs_no_scales", False, False)):
-            timed("loads only", name.replace("_", " "), op(loads_only_module(Path(folder), name, inputs, scales)),
-                  op_floor)
+            module = loads_only_module(Path(folder), name, inputs, scales)
+            timed("loads only", name.replace("_", " "), op(module, hidden_pairs=(x, x_unscale)), op_floor)
         sys.path.remove(folder)
     out = torch.empty(PICKS * gate_up_words.shape[1], dtype=torch.int32, device="cuda")
     rows, words = gate_up_words.shape[1], gate_up_words[0].numel() // gate_up_words.shape[1]
