@@ -180,15 +180,18 @@ def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, wi
         assert (out[1] == 0).all()  # all its picks skipped
 
 
-def test_hidden_in_half_pairs_from_before_gives_the_op_its_own_result():
-    """What the norm hands the op (norms.add_rms_norm_half_pairs: `half_pairs` of its output) changes nothing."""
+def test_hidden_in_half_pairs_from_before_is_what_the_op_reads():
+    """The pairs the norm hands the op (norms.add_rms_norm_half_pairs: `half_pairs` of its output) are its inputs:
+    given another hidden's, it gives that hidden's result, bit for bit."""
     generator = torch.Generator().manual_seed(5)
     arenas = random_arenas(5, True, generator)
     slots, weights = random_routing(1, 4, 5, generator)
-    hidden, weights = (torch.randn(1, HIDDEN, generator=generator) * 3).bfloat16(), weights.bfloat16()
+    hidden, other = ((torch.randn(1, HIDDEN, generator=generator) * 3).bfloat16() for _ in range(2))
+    weights = weights.bfloat16()
     assert takes_hidden_pairs(slots.numel(), hidden.dtype, arenas)
-    out = gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, hidden_pairs=half_pairs(hidden))
-    assert torch.equal(out, gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA))
+    out = gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, hidden_pairs=half_pairs(other))
+    assert torch.equal(out, gpt_oss_experts(other, arenas, slots, weights, LIMIT, ALPHA))
+    assert not torch.equal(out, gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA))
 
 
 def test_only_the_float16_pair_programs_take_hidden_in_half_pairs():
