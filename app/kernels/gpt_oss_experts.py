@@ -78,10 +78,9 @@ def gpt_oss_experts(
 def takes_hidden_pairs(num_pairs: int, dtype: torch.dtype, arenas: dict[str, torch.Tensor]) -> bool:
     """Whether `gpt_oss_experts` reads that many (token, pick) pairs' hidden states of `dtype` in float16 pairs
     (MXFP4 weights, 16-bit hidden states, the one-token programs), which the norm before can then give it."""
-    from app.kernels.gpt_oss_experts_triton import pick_config
+    from app.kernels.gpt_oss_experts_triton import pick_config, runs_in_half_pairs
 
-    return ("gate_up_proj_blocks" in arenas and dtype != torch.float32
-            and pick_config(num_pairs, mxfp4=True).half_pairs)
+    return "gate_up_proj_blocks" in arenas and runs_in_half_pairs(pick_config(num_pairs, mxfp4=True), dtype)
 
 
 def gpt_oss_experts_cpu(

@@ -52,6 +52,11 @@ def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     return matrix_unit_config(num_pairs, mxfp4)
 
 
+def runs_in_half_pairs(config: LaunchConfig, dtype: torch.dtype) -> bool:
+    """Whether `config` runs hidden states of `dtype` in the float16-pair programs (float32 keeps float32 products)."""
+    return config.half_pairs and dtype != torch.float32
+
+
 def half_pairs_config(rows: int, down_rows: int | None = None) -> LaunchConfig:
     """One-warp float16-pair programs of `rows` rows (`down_rows` for down, if given)."""
     down = Tiles(down_rows or rows, 1024, warps=1)
@@ -124,7 +129,7 @@ def run_from_table(
 
     assert not config.cuda_cores or mxfp4, "CUDA-core products are for MXFP4 weights"
     assert not config.half_pairs or (config.cuda_cores and config.pairs_per_tile == 1), "half pairs: 1 pair a tile"
-    if config.half_pairs and hidden.dtype != torch.float32:  # float32 activations keep float32 products
+    if runs_in_half_pairs(config, hidden.dtype):
         return run_in_half_pairs(hidden, arenas, table, rows, weights, limit, alpha, names,
                                  (config.gate_up, config.down), hidden_pairs)
     assert hidden_pairs is None, "hidden in float16 pairs is for the float16-pair programs (takes_hidden_pairs)"

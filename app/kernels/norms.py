@@ -42,8 +42,7 @@ def add_rms_norm_half_pairs(
     mxfp4_half_pairs.py), from the same launch; Triton only."""
     from app.kernels.norms_triton import run_add_rms_norm
 
-    total, normed, pairs, unscale = run_add_rms_norm(x, delta, weight, eps, half_pairs=True)
-    return total, normed, (pairs, unscale)
+    return run_add_rms_norm(x, delta, weight, eps, half_pairs=True)
 
 
 def add_rms_norm_op(device: torch.device) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:

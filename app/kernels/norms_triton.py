@@ -13,7 +13,7 @@ def run_add_rms_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, half_pairs: bool = False
 ) -> tuple[torch.Tensor, ...]:
     """x, delta [T, H], weight [H] -> (x + delta, its RMSNorm), both in x's dtype; with `half_pairs` also the norm
-    as `mxfp4_half_pairs.half_pairs` gives it (pairs [T, H] float16, unscale [T] float32), from the same launch."""
+    as `mxfp4_half_pairs.half_pairs` gives it ((pairs [T, H] float16, unscale [T] float32)), from the same launch."""
     assert x.shape == delta.shape and x.dim() == 2 and weight.shape == (x.shape[1],)
     x, delta = x.contiguous(), delta.contiguous()
     total, normed = torch.empty_like(x), torch.empty_like(x)
@@ -24,7 +24,7 @@ def run_add_rms_norm(
         x, delta, weight, total, normed, pairs, unscale, hidden, eps, BLOCK=triton.next_power_of_2(hidden),
         PAIRS_K=hidden if half_pairs else 0, num_warps=8, **dependent_launch(x.device),
     )
-    return (total, normed, pairs, unscale) if half_pairs else (total, normed)
+    return (total, normed, (pairs, unscale)) if half_pairs else (total, normed)
 
 
 @triton.jit
