@@ -1,8 +1,9 @@
 """RMSNorm, alone or after a residual add, as a decoder layer runs it between its attention and its MLP.
 
 `add_rms_norm` runs the Triton kernel of norms_triton.py (one launch for the add, the sum of squares and the
-scaled output); `add_rms_norm_torch` is the reference with the same signature; `add_rms_norm_op` picks one for
-a device. `add_rms_norm_half_pairs` also gives the norm as the MXFP4 one-token experts read it.
+scaled output; given nothing to add, the norm alone: one launch where `rms_norm` makes torch's four);
+`add_rms_norm_torch` is the reference with the same signature; `add_rms_norm_op` picks one for a device.
+`add_rms_norm_half_pairs` also gives the norm as the MXFP4 one-token experts read it.
 """
 
 from collections.abc import Callable
@@ -19,15 +20,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm_torch(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, delta [T, H] -> (x + delta, rms_norm(x + delta)), both in x's dtype."""
-    total = x + delta
+    """x, delta [T, H] -> (x + delta, rms_norm(x + delta)), both in x's dtype; no delta: (x, rms_norm(x))."""
+    total = x if delta is None else x + delta
     return total, rms_norm(total, weight, eps)
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`add_rms_norm_torch` in one Triton launch."""
     from app.kernels.norms_triton import run_add_rms_norm  # Triton exists on Linux only

@@ -1,5 +1,6 @@
-"""The residual add and RMSNorm of norms.py in one Triton kernel: one program per token; for the MXFP4 one-token
-experts also the norm in float16 pairs (mxfp4_half_pairs.py), which then take no conversion launch of their own."""
+"""The residual add and RMSNorm of norms.py in one Triton kernel (or the RMSNorm alone): one program per token; for
+the MXFP4 one-token experts also the norm in float16 pairs (mxfp4_half_pairs.py), which then take no conversion
+launch of their own."""
 
 import torch
 import triton
@@ -10,13 +11,15 @@ from app.kernels.mxfp4_half_pairs import store_half_pairs
 
 
 def run_add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float, half_pairs: bool = False
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float, half_pairs: bool = False
 ) -> tuple[torch.Tensor, ...]:
-    """x, delta [T, H], weight [H] -> (x + delta, its RMSNorm), both in x's dtype; with `half_pairs` also the norm
-    as `mxfp4_half_pairs.half_pairs` gives it ((pairs [T, H] float16, unscale [T] float32)), from the same launch."""
-    assert x.shape == delta.shape and x.dim() == 2 and weight.shape == (x.shape[1],)
-    x, delta = x.contiguous(), delta.contiguous()
-    total, normed = torch.empty_like(x), torch.empty_like(x)
+    """x, delta [T, H], weight [H] -> (x + delta, its RMSNorm), both in x's dtype (no delta: x itself and its
+    RMSNorm); with `half_pairs` also the norm as `mxfp4_half_pairs.half_pairs` gives it ((pairs [T, H] float16,
+    unscale [T] float32)), from the same launch."""
+    assert x.dim() == 2 and weight.shape == (x.shape[1],) and (delta is None or delta.shape == x.shape)
+    x = x.contiguous()
+    delta = None if delta is None else delta.contiguous()
+    total, normed = x if delta is None else torch.empty_like(x), torch.empty_like(x)
     tokens, hidden = x.shape
     pairs = torch.empty((tokens, hidden), dtype=torch.float16, device=x.device) if half_pairs else None
     unscale = torch.empty(tokens, dtype=torch.float32, device=x.device) if half_pairs else None
@@ -34,11 +37,12 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, weight_ptr, total_ptr, normed_ptr, pa
     columns = tl.arange(0, BLOCK)
     inside = columns < hidden
     row = tl.program_id(0).to(tl.int64) * hidden
-    x = tl.load(x_ptr + row + columns, mask=inside, other=0.0)
-    delta = tl.load(delta_ptr + row + columns, mask=inside, other=0.0)
-    # rounded to x's dtype, as the reference's add is: the norm reads what is stored
-    total = (x.to(tl.float32) + delta.to(tl.float32)).to(total_ptr.dtype.element_ty)
-    tl.store(total_ptr + row + columns, total, mask=inside)
+    total = tl.load(x_ptr + row + columns, mask=inside, other=0.0)
+    if delta_ptr is not None:
+        delta = tl.load(delta_ptr + row + columns, mask=inside, other=0.0)
+        # rounded to x's dtype, as the reference's add is: the norm reads what is stored
+        total = (total.to(tl.float32) + delta.to(tl.float32)).to(total_ptr.dtype.element_ty)
+        tl.store(total_ptr + row + columns, total, mask=inside)
     total = total.to(tl.float32)
     scale = tl.rsqrt(tl.sum(total * total, axis=0) / hidden + eps)
     weight = tl.load(weight_ptr + columns, mask=inside, other=0.0).to(tl.float32)

@@ -33,8 +33,10 @@ def random_rotation(tokens: int, rotary: int, dtype: torch.dtype) -> tuple[torch
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 7])
-def test_add_rms_norm(dtype, tokens):
+@pytest.mark.parametrize("adds", [True, False], ids=["add", "norm-alone"])
+def test_add_rms_norm(dtype, tokens, adds):
     x, delta = (torch.randn(tokens, HIDDEN, device="cuda").to(dtype) for _ in range(2))
+    delta = delta if adds else None
     weight = torch.rand(HIDDEN, device="cuda") + 0.5
     total, normed = add_rms_norm(x, delta, weight, 1e-5)
     want_total, want_normed = add_rms_norm_torch(x, delta, weight, 1e-5)

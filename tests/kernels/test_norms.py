@@ -10,9 +10,11 @@ from tests.kernels.poison import poisoned_allocations
 
 @pytest.mark.parametrize("tokens, hidden", [(1, 96), (3, 200), (5, 64)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_add_rms_norm_matches_reference(tokens, hidden, dtype):
+@pytest.mark.parametrize("adds", [True, False], ids=["add", "norm-alone"])
+def test_add_rms_norm_matches_reference(tokens, hidden, dtype, adds):
     generator = torch.Generator().manual_seed(tokens * hidden)
     x, delta = (torch.randn(tokens, hidden, generator=generator).to(dtype) for _ in range(2))
+    delta = delta if adds else None
     weight = torch.rand(hidden, generator=generator) + 0.5
     with poisoned_allocations():
         total, normed = add_rms_norm(x, delta, weight, 1e-5)

@@ -304,10 +304,7 @@ class GlmModel(MoeDecoder):
 
     def input_norm(self, index: int, x: torch.Tensor,
                    expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        weight = self.layers[index].input_norm
-        if expert_output is None:
-            return x, rms_norm(x, weight, self.config.rms_norm_eps)
-        return self.add_norm(x, expert_output, weight, self.config.rms_norm_eps)
+        return self.add_norm(x, expert_output, self.layers[index].input_norm, self.config.rms_norm_eps)
 
     def attend(self, index: int, normed: torch.Tensor, context: Step, cache: KVCache) -> torch.Tensor:
         return self.layers[index].attention(normed, context, cache)

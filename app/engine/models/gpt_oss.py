@@ -177,10 +177,7 @@ class GptOss(MoeDecoder):
 
     def input_norm(self, index: int, x: torch.Tensor,
                    expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        layer = self.layers[index]
-        if expert_output is None:
-            return x, rms_norm(x, layer["input_norm"], self.config.rms_norm_eps)
-        return self.add_norm(x, expert_output, layer["input_norm"], self.config.rms_norm_eps)
+        return self.add_norm(x, expert_output, self.layers[index]["input_norm"], self.config.rms_norm_eps)
 
     def attend(self, index: int, normed: torch.Tensor, context: AttentionContext, cache: KVCache) -> torch.Tensor:
         return self._attention(index, self.layers[index], normed, context, cache)

@@ -12,12 +12,12 @@ from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import Routing
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
-from app.kernels.norms import rms_norm
 
 
 class MoeDecoder:
-    """Subclasses set `config`, `experts`, `device`, `dtype`, `embed`, `lm_head`, `final_norm`, `layers` and
-    `routing_override`, and implement the methods that raise NotImplementedError."""
+    """Subclasses set `config`, `experts`, `device`, `dtype`, `embed`, `lm_head`, `final_norm`, `layers`,
+    `routing_override` and `add_norm` (norms.add_rms_norm_op's), and implement the methods that raise
+    NotImplementedError."""
 
     experts: ExpertCache
     device: torch.device
@@ -76,7 +76,7 @@ class MoeDecoder:
             if index in capture:
                 outputs[index] = _plus(x, pending)
         cache.advance(len(token_ids))
-        return self.finish(_plus(x, pending), outputs, capture, last_only)
+        return self.finish(x, pending, outputs, capture, last_only)
 
     def forward_batch(
         self, blocks: list[torch.Tensor], caches: list[KVCache], capture: tuple[int, ...] = ()
@@ -101,7 +101,7 @@ class MoeDecoder:
                 outputs[index] = _plus(x, pending)
         for block, cache in zip(blocks, caches, strict=True):
             cache.advance(len(block))
-        return self.finish(_plus(x, pending), outputs, capture, last_only=False)
+        return self.finish(x, pending, outputs, capture, last_only=False)
 
     def embedding_routes(self, token_ids: torch.Tensor, layers: tuple[int, ...]) -> dict[int, torch.Tensor]:
         """Experts [T, k] each of `layers` would pick from the embedding alone: a guess before the pass starts,
@@ -109,9 +109,11 @@ class MoeDecoder:
         embedded = self.embed[token_ids]
         return {index: self.route_embedding(index, embedded) for index in layers}
 
-    def finish(self, x: torch.Tensor, outputs: dict, capture: tuple[int, ...], last_only: bool):
+    def finish(self, x: torch.Tensor, expert_output: torch.Tensor | None, outputs: dict, capture: tuple[int, ...],
+               last_only: bool):
+        """x [T, H] plus the last layer's routed experts (None: nothing to add) -> `forward`'s outputs."""
         last = self.config.num_hidden_layers - 1
-        x = rms_norm(x, self.final_norm, self.config.rms_norm_eps)
+        x = self.add_norm(x, expert_output, self.final_norm, self.config.rms_norm_eps)[1]
         if last in capture:
             outputs[last] = x
         logits = linear(x[-1:] if last_only else x, self.lm_head).float()

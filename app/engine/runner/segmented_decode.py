@@ -1,9 +1,10 @@
 """The decode step when routed experts are offloaded: CUDA graphs between the host's expert work.
 
 Routing decides on the host which experts to copy, so the step cannot be one graph (cuda_graph.py), but what lies
-between two layers' expert ops can: segment i adds the i-th expert layer's output and runs up to the next router
-(dense layers whole); the first also embeds, the last norms and projects. Between replays the host runs the
-model's `routed_experts` as the eager forward does, so the expert cache sees the same calls in the same order.
+between two layers' expert ops can: segment i adds the i-th expert layer's output (in the next layer's input norm)
+and runs up to the next router (dense layers whole); the first also embeds, the last norms and projects. Between
+replays the host runs the model's `routed_experts` as the eager forward does, so the expert cache sees the same
+calls in the same order.
 """
 
 from collections.abc import Callable, Iterator
@@ -67,21 +68,24 @@ class SegmentedDecode:
         """From expert layer `number` - 1's routed experts (or the embedding) to expert layer `number`'s router
         (or the logits)."""
         if number == 0:
-            x, first = self.model.embed[self.token], 0
+            x, expert_output, first = self.model.embed[self.token], None, 0
             self.context = self.model.attention_context(1, self.cache)
         else:
             first = self.expert_layers[number - 1] + 1
-            x = self._layer_output(first - 1, self.residuals[first - 1] + self.expert_output)
+            x, expert_output = self.residuals[first - 1], self.expert_output  # added in the next norm
+            if first - 1 in self.capture:
+                self.layer_outputs[first - 1] = x + expert_output
         is_last = number == len(self.expert_layers)
         end = len(self.model.layers) if is_last else self.expert_layers[number] + 1
         for index in range(first, end):
-            x, routing = self.model.until_experts(index, x, self.context, self.cache)
+            x, routing = self.model.until_experts(index, x, self.context, self.cache, expert_output)
+            expert_output = None
             if routing is None:
                 x = self._layer_output(index, x)
             else:
                 self.residuals[index], self.routings[index] = x, routing
         if is_last:
-            out = self.model.finish(x, dict(self.layer_outputs), self.capture, last_only=False)
+            out = self.model.finish(x, expert_output, dict(self.layer_outputs), self.capture, last_only=False)
             self.logits, self.features = out if self.capture else (out, None)
 
     def _layer_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
