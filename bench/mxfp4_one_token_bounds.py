@@ -5,9 +5,10 @@
 Every case runs in a CUDA graph cycling through 8 disjoint routings of 4 picks among 32 experts in slots (each replay
 reads its experts from DRAM), as bench/kernel_gpt_oss_experts.py times the op:
 - `parts`: the op as a resident decode runs it (rows that are the arenas' slots, the inputs in float16 pairs from
-  the norm before: norms.add_rms_norm_half_pairs), the op with its own conversion of the inputs, the op reading its
-  experts through the address table (as for experts outside the slots), then its launches alone or in part (the
-  inputs' conversion, gate_up, down, the picks' sum);
+  the norm before: norms.add_rms_norm_half_pairs, the picks' rows left for the norm after to add: pick_rows.py), the
+  op with its own conversion of the inputs (and its picks' sum), the op reading its experts through the address table
+  (as for experts outside the slots), then its launches alone or in part (the inputs' conversion, gate_up, down, the
+  picks' sum);
 - `loads only`: the op's own kernels with their products taken out (a lane's words XORed with its inputs, the scale
   bytes added): what the programs' loads alone take; with `no inputs` the inputs' loads are gone too, with `no scales`
   the scale bytes. Made at run time from the kernels' source (written to a temporary folder and imported), so they

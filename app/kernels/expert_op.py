@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from app.kernels.pick_rows import PickRows
+
 
 @dataclass(frozen=True)
 class ExpertOp:
@@ -18,7 +20,8 @@ class ExpertOp:
     expert's address row (expert_table.address_row) to those tokens' picks, as `shared=`;
     `takes_hidden_pairs(pairs, dtype, arenas)`, whether `by_slots` reads that many (token, pick) pairs' hidden states
     of `dtype` in float16 pairs (mxfp4_half_pairs.py), which it then takes as `hidden_pairs=` from the norm that made
-    them (norms.add_rms_norm_half_pairs) instead of converting them in a launch of its own."""
+    them (norms.add_rms_norm_half_pairs) instead of converting them in a launch of its own; given them, it returns
+    its picks' rows unsummed (pick_rows.PickRows), which the next norm adds."""
 
     by_slots: Callable[..., torch.Tensor]
     from_table: Callable[..., torch.Tensor] | None
@@ -29,7 +32,7 @@ class ExpertOp:
         lambda pairs, dtype, arenas: False
 
     def __call__(self, hidden, arenas, slots, weights, shared: torch.Tensor | None = None,
-                 hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                 hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor | PickRows:
         given = {name: value for name, value in (("shared", shared), ("hidden_pairs", hidden_pairs))
                  if value is not None}
         return self.by_slots(hidden, arenas, slots, weights, **given)

@@ -18,6 +18,7 @@ from app.kernels.choice import kernel_or_reference, triton_runs
 from app.kernels.cpu import library as cpu
 from app.kernels.expert_op import ExpertOp
 from app.kernels.formats.mxfp4 import decode_mxfp4
+from app.kernels.pick_rows import PickRows
 
 MXFP4_TENSORS = ("gate_up_proj_blocks", "gate_up_proj_scales", "gate_up_proj_bias", "down_proj_blocks",
                  "down_proj_scales", "down_proj_bias")
@@ -66,9 +67,10 @@ def gpt_oss_experts(
     limit: float,
     alpha: float,
     hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | PickRows:
     """`gpt_oss_experts_torch` in Triton: one launch per projection for all tokens and picks; `hidden_pairs`, the
-    hidden states already in float16 pairs where `takes_hidden_pairs`."""
+    hidden states already in float16 pairs where `takes_hidden_pairs`, and then the picks' rows before their sum,
+    for the norm after to add (pick_rows.py)."""
     # imported here: Triton exists on Linux only, and TRITON_INTERPRET counts when its kernels are defined
     from app.kernels.gpt_oss_experts_triton import run_experts
 
@@ -77,7 +79,8 @@ def gpt_oss_experts(
 
 def takes_hidden_pairs(num_pairs: int, dtype: torch.dtype, arenas: dict[str, torch.Tensor]) -> bool:
     """Whether `gpt_oss_experts` reads that many (token, pick) pairs' hidden states of `dtype` in float16 pairs
-    (MXFP4 weights, 16-bit hidden states, the one-token programs), which the norm before can then give it."""
+    (MXFP4 weights, 16-bit hidden states, the one-token programs), which the norm before can then give it (and
+    the norm after add its picks)."""
     from app.kernels.gpt_oss_experts_triton import pick_config, runs_in_half_pairs
 
     return "gate_up_proj_blocks" in arenas and runs_in_half_pairs(pick_config(num_pairs, mxfp4=True), dtype)

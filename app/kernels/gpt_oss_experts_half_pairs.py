@@ -7,7 +7,8 @@ the arenas (one dependent read fewer before the weights), and a skipped pick's p
 plan: at one pair per program there is nothing to group.
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W] times 2^shift, in pair order.
-- down: bias and routing weight in the epilogue -> one float32 row per pick [P, H], which `sum_picks` adds.
+- down: bias and routing weight in the epilogue -> one float32 row per pick [P, H], which `sum_picks` adds, or
+  the norm after the op where the norm before gave its inputs (pick_rows.py).
 """
 
 import torch
@@ -24,6 +25,7 @@ from app.kernels.mxfp4_half_pairs import (
     mxfp4_rows_times_half_pairs,
     pair_order,
 )
+from app.kernels.pick_rows import PickRows
 
 
 def run_in_half_pairs(
@@ -37,15 +39,16 @@ def run_in_half_pairs(
     columns: tuple[str, ...],
     tiles: tuple[Tiles, Tiles],
     hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | PickRows:
     """hidden [T, H] bf16, rows [T, k] of the address table [R, C] (-1: skip), weights [T, k] -> [T, H]. `columns`
     names the table's columns; `tiles` gives each projection's rows per program and warps. With no table the rows
-    are the arenas' slots; `hidden_pairs`, `half_pairs(hidden)` where the norm that made hidden gave it too."""
+    are the arenas' slots. `hidden_pairs`, `half_pairs(hidden)` where the norm that made hidden gave it too; then
+    the picks' rows unsummed, for the norm after to add (pick_rows.py)."""
     assert hidden.shape[1] % 32 == 0, "MXFP4 groups are 32 wide"
     x, x_unscale = half_pairs(hidden) if hidden_pairs is None else hidden_pairs
     activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, rows, limit, alpha, columns, tiles[0])
     per_pick = down_in_half_pairs(activations, arenas, table, rows, weights, limit, columns, tiles[1])
-    return sum_picks(per_pick, rows, hidden.dtype)
+    return sum_picks(per_pick, rows, hidden.dtype) if hidden_pairs is None else PickRows(per_pick, rows)
 
 
 def gate_up_in_half_pairs(

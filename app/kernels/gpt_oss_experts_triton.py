@@ -34,6 +34,7 @@ from app.kernels.expert_tiles import (
 )
 from app.kernels.gpt_oss_experts_half_pairs import clamped_swiglu, run_in_half_pairs
 from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_inputs
+from app.kernels.pick_rows import PickRows
 
 # MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products: on the H200 they beat the
 # matrix units at T = 1 (kernels 68-71 us against 81) and lose at T = 4 (233 against 193: a pair per tile reads a
@@ -79,10 +80,10 @@ def run_experts(
     alpha: float,
     config: LaunchConfig | None = None,
     hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | PickRows:
     """hidden [T, H], slots [T, k] (-1: skip), weights [T, k] -> weighted expert sum [T, H]; `hidden_pairs`, hidden
     as `mxfp4_half_pairs.half_pairs` gives it, where the float16-pair programs run
-    (gpt_oss_experts.takes_hidden_pairs)."""
+    (gpt_oss_experts.takes_hidden_pairs): then the picks' rows before their sum (pick_rows.py)."""
     return run_from_table(hidden, arenas, None, slots, weights, limit, alpha, config, hidden_pairs)
 
 
@@ -96,7 +97,7 @@ def run_from_table(
     alpha: float,
     config: LaunchConfig | None = None,
     hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | PickRows:
     """`run_experts` reading each expert where its row of the address table [R, C] points: rows [T, k] (-1:
     skip). The arenas give the tensors' names, shapes and dtypes (the table's columns); no table: the rows are the
     arenas' slots."""

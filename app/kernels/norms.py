@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from app.kernels.choice import kernel_or_reference
+from app.kernels.pick_rows import PickRows
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -20,15 +21,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm_torch(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | PickRows | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, delta [T, H] -> (x + delta, rms_norm(x + delta)), both in x's dtype; no delta: (x, rms_norm(x))."""
+    """x, delta [T, H] -> (x + delta, rms_norm(x + delta)), both in x's dtype; no delta: (x, rms_norm(x)); delta
+    as an expert op's picks before their sum (pick_rows.py): that sum in x's dtype is the delta."""
+    if isinstance(delta, PickRows):
+        delta = delta.total(x.dtype)
     total = x if delta is None else x + delta
     return total, rms_norm(total, weight, eps)
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, delta: torch.Tensor | PickRows | None, weight: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`add_rms_norm_torch` in one Triton launch."""
     from app.kernels.norms_triton import run_add_rms_norm  # Triton exists on Linux only

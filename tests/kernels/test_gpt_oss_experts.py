@@ -21,6 +21,7 @@ from app.kernels.gpt_oss_experts_triton import (
     pick_config,
 )
 from app.kernels.mxfp4_half_pairs import half_pairs
+from app.kernels.pick_rows import PickRows
 from tests.kernels.poison import poisoned_allocations
 
 HIDDEN, WIDTH = 96, 96  # multiples of 32 (MXFP4 groups) that leave K tails for the dense 64- and 128-wide steps
@@ -182,14 +183,17 @@ def test_bfloat16_decode_in_half_pairs_matches_float32_reference(hidden_size, wi
 
 def test_hidden_in_half_pairs_from_before_is_what_the_op_reads():
     """The pairs the norm hands the op (norms.add_rms_norm_half_pairs: `half_pairs` of its output) are its inputs:
-    given another hidden's, it gives that hidden's result, bit for bit."""
+    given another hidden's, it gives that hidden's result, bit for bit, as its picks' rows for the next norm to add
+    (pick_rows.py)."""
     generator = torch.Generator().manual_seed(5)
     arenas = random_arenas(5, True, generator)
     slots, weights = random_routing(1, 4, 5, generator)
     hidden, other = ((torch.randn(1, HIDDEN, generator=generator) * 3).bfloat16() for _ in range(2))
     weights = weights.bfloat16()
     assert takes_hidden_pairs(slots.numel(), hidden.dtype, arenas)
-    out = gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, hidden_pairs=half_pairs(other))
+    picks = gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA, hidden_pairs=half_pairs(other))
+    assert isinstance(picks, PickRows) and torch.equal(picks.slots, slots)
+    out = picks.total(hidden.dtype)
     assert torch.equal(out, gpt_oss_experts(other, arenas, slots, weights, LIMIT, ALPHA))
     assert not torch.equal(out, gpt_oss_experts(hidden, arenas, slots, weights, LIMIT, ALPHA))
 

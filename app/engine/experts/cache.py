@@ -15,6 +15,7 @@ from app.engine.experts.op_graph import SingleTokenGraph
 from app.engine.experts.store import OTHER_DEVICE, ExpertKey, ExpertStore, ExpertTensors
 from app.engine.layers.read_later import ReadLater
 from app.kernels.expert_op import ExpertOp
+from app.kernels.pick_rows import PickRows
 from app.kernels.resident_slots import resident_slots_op
 from app.protocol.stats import CacheStats
 
@@ -167,12 +168,12 @@ class ExpertCache:
         shared: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
         hidden_pairs: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | PickRows:
         """hidden [T, H], top_experts/top_weights [T, k] -> [T, H]; slot -1 marks experts outside the current group.
         `predictions` maps later layers to experts [N]; their copies start once this layer's kernel is queued.
         `shared`, a shared expert's address row the op adds, where `takes_shared`; `slots`, the picks' slots where
         the router looked them up (`resident_lookup`); `hidden_pairs`, hidden in float16 pairs, where
-        `takes_hidden_pairs`."""
+        `takes_hidden_pairs`: then the op's picks unsummed (pick_rows.PickRows), for the next norm to add."""
         if self.complete:
             if slots is None:
                 slots = self._slots_of_resident(layer, top_experts)

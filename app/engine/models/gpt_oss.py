@@ -18,6 +18,7 @@ from app.kernels.choice import triton_runs
 from app.kernels.decode_attention import decode_attention
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
 from app.kernels.norms import add_rms_norm_half_pairs, add_rms_norm_op, rms_norm
+from app.kernels.pick_rows import PickRows
 from app.kernels.rotary_cache import rotary_cache_write_op
 from app.kernels.router import top_k_router_op, top_k_router_slots_op
 
@@ -176,7 +177,7 @@ class GptOss(MoeDecoder):
         return AttentionContext(positions, masks, *self.rotary.cos_sin(positions, self.dtype))
 
     def input_norm(self, index: int, x: torch.Tensor,
-                   expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                   expert_output: torch.Tensor | PickRows | None) -> tuple[torch.Tensor, torch.Tensor]:
         return self.add_norm(x, expert_output, self.layers[index]["input_norm"], self.config.rms_norm_eps)
 
     def attend(self, index: int, normed: torch.Tensor, context: AttentionContext, cache: KVCache) -> torch.Tensor:
@@ -191,7 +192,7 @@ class GptOss(MoeDecoder):
         x, normed = self.add_norm(x, attended, layer["post_norm"], eps)
         return x, self._routing(index, layer, normed)
 
-    def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
+    def routed_experts(self, index: int, routing: Routing) -> torch.Tensor | PickRows:
         return self.experts.run(index, routing.hidden, routing.top_experts, routing.top_weights, self.run_experts,
                                 routing.predictions, slots=routing.slots, hidden_pairs=routing.hidden_pairs)
 

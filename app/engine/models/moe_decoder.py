@@ -12,6 +12,7 @@ from app.engine.experts.cache import ExpertCache
 from app.engine.experts.store import Routing
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
+from app.kernels.pick_rows import PickRows
 
 
 class MoeDecoder:
@@ -30,8 +31,9 @@ class MoeDecoder:
         raise NotImplementedError
 
     def input_norm(self, index: int, x: torch.Tensor,
-                   expert_output: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] plus the previous layer's routed experts (None: nothing to add) -> (that sum, its norm)."""
+                   expert_output: torch.Tensor | PickRows | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] plus the previous layer's routed experts (None: nothing to add; PickRows: their picks before
+        the sum, pick_rows.py) -> (that sum, its norm)."""
         raise NotImplementedError
 
     def attend(self, index: int, normed: torch.Tensor, context, cache: KVCache) -> torch.Tensor:
@@ -43,7 +45,7 @@ class MoeDecoder:
         routing is None."""
         raise NotImplementedError
 
-    def routed_experts(self, index: int, routing: Routing) -> torch.Tensor:
+    def routed_experts(self, index: int, routing: Routing) -> torch.Tensor | PickRows:
         raise NotImplementedError
 
     def route_embedding(self, index: int, embedded: torch.Tensor) -> torch.Tensor:
@@ -54,7 +56,7 @@ class MoeDecoder:
         return None
 
     def until_experts(self, index: int, x: torch.Tensor, context, cache: KVCache,
-                      expert_output: torch.Tensor | None = None) -> tuple[torch.Tensor, Routing | None]:
+                      expert_output: torch.Tensor | PickRows | None = None) -> tuple[torch.Tensor, Routing | None]:
         x, normed = self.input_norm(index, x, expert_output)
         return self.until_routed(index, x, self.attend(index, normed, context, cache))
 
@@ -109,8 +111,8 @@ class MoeDecoder:
         embedded = self.embed[token_ids]
         return {index: self.route_embedding(index, embedded) for index in layers}
 
-    def finish(self, x: torch.Tensor, expert_output: torch.Tensor | None, outputs: dict, capture: tuple[int, ...],
-               last_only: bool):
+    def finish(self, x: torch.Tensor, expert_output: torch.Tensor | PickRows | None, outputs: dict,
+               capture: tuple[int, ...], last_only: bool):
         """x [T, H] plus the last layer's routed experts (None: nothing to add) -> `forward`'s outputs."""
         last = self.config.num_hidden_layers - 1
         x = self.add_norm(x, expert_output, self.final_norm, self.config.rms_norm_eps)[1]
@@ -121,9 +123,11 @@ class MoeDecoder:
             return logits
         return logits, torch.cat([outputs[index] for index in capture], dim=-1)
 
-    def _routed_or_none(self, index: int, routing: Routing | None) -> torch.Tensor | None:
+    def _routed_or_none(self, index: int, routing: Routing | None) -> torch.Tensor | PickRows | None:
         return None if routing is None else self.routed_experts(index, routing)
 
 
-def _plus(x: torch.Tensor, expert_output: torch.Tensor | None) -> torch.Tensor:
+def _plus(x: torch.Tensor, expert_output: torch.Tensor | PickRows | None) -> torch.Tensor:
+    if isinstance(expert_output, PickRows):
+        return x + expert_output.total(x.dtype)
     return x if expert_output is None else x + expert_output
