@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from app.kernels.decode_attention import decode_attention, decode_attention_torch
+from app.kernels.expert_tiles import sum_picks
 from app.kernels.head_products import head_products, head_products_torch
 from app.kernels.latent_cache import latent_cache_write, latent_cache_write_torch
 from app.kernels.norms import add_rms_norm, add_rms_norm_torch
+from app.kernels.pick_rows import PickRows
 from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
 from app.kernels.router import top_k_router, top_k_router_slots, top_k_router_slots_torch, top_k_router_torch
 from app.kernels.sigmoid_router import (
@@ -42,6 +44,19 @@ def test_add_rms_norm(dtype, tokens, adds):
     want_total, want_normed = add_rms_norm_torch(x, delta, weight, 1e-5)
     assert torch.equal(total, want_total)
     torch.testing.assert_close(normed, want_normed, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_add_rms_norm_adds_an_expert_ops_picks_as_their_sum():
+    """gpt-oss's one-token experts hand the next norm their picks' rows (pick_rows.py): the same bits as summing
+    them first (`sum_picks`), a skipped pick's unwritten row left out."""
+    x = torch.randn(1, HIDDEN, device="cuda").bfloat16()
+    rows = torch.randn(4, HIDDEN, device="cuda") * 3
+    slots = torch.tensor([[3, -1, 7, 0]], device="cuda")
+    rows[1] = float("nan")
+    weight = torch.rand(HIDDEN, device="cuda") + 0.5
+    total, normed = add_rms_norm(x, PickRows(rows, slots), weight, 1e-5)
+    want_total, want_normed = add_rms_norm(x, sum_picks(rows, slots, x.dtype), weight, 1e-5)
+    assert torch.equal(total, want_total) and torch.equal(normed, want_normed)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
