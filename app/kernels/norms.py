@@ -1,7 +1,7 @@
 """RMSNorm, alone or after a residual add, as a decoder layer runs it between its attention and its MLP.
 
 `add_rms_norm` runs the Triton kernel of norms_triton.py (one launch for the add, the sum of squares and the
-scaled output; given nothing to add, the norm alone: one launch where `rms_norm` makes torch's four);
+scaled output; given nothing to add, the norm alone: one launch where `rms_norm` makes torch's three);
 `add_rms_norm_torch` is the reference with the same signature; `add_rms_norm_op` picks one for a device.
 `add_rms_norm_half_pairs` also gives the norm as the MXFP4 one-token experts read it.
 """

@@ -19,12 +19,13 @@ def run_add_rms_norm(
     RMSNorm; PickRows: their sum in x's dtype, as `sum_picks` gives it, is the delta); with `half_pairs` also the
     norm as `mxfp4_half_pairs.half_pairs` gives it ((pairs [T, H] float16, unscale [T] float32)), from the same
     launch."""
+    if isinstance(delta, PickRows):
+        delta, slots, picks = delta.rows.contiguous(), delta.slots.contiguous(), delta.slots.shape[1]
+    else:
+        delta, slots, picks = None if delta is None else delta.contiguous(), None, 0
     assert x.dim() == 2 and weight.shape == (x.shape[1],)
-    picks, slots = (delta.slots.shape[1], delta.slots.contiguous()) if isinstance(delta, PickRows) else (0, None)
-    delta = delta.rows if picks else delta
     assert delta is None or delta.shape == (x.shape[0] * max(picks, 1), x.shape[1])
     x = x.contiguous()
-    delta = None if delta is None else delta.contiguous()
     total, normed = x if delta is None else torch.empty_like(x), torch.empty_like(x)
     tokens, hidden = x.shape
     pairs = torch.empty((tokens, hidden), dtype=torch.float16, device=x.device) if half_pairs else None
