@@ -232,7 +232,7 @@ class GlmLayer:
         self.mlp = self.moe.shared if self.moe is not None else DenseMlp(model, prefix + "mlp.", c.intermediate_size)
 
     def __call__(self, x: torch.Tensor, step: Step, cache: KVCache) -> torch.Tensor:
-        attended = self.attention(rms_norm(x, self.input_norm, self.eps), step, cache)
+        attended = self.attention(self.add_norm(x, None, self.input_norm, self.eps)[1], step, cache)
         return self.with_routed_experts(*self.until_routed(x, attended))
 
     def with_routed_experts(self, residual: torch.Tensor, routing: Routing | None) -> torch.Tensor:

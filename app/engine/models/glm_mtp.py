@@ -11,7 +11,6 @@ import torch
 
 from app.engine.layers.kv_cache import KVCache
 from app.engine.layers.linear import linear
-from app.kernels.norms import rms_norm
 
 
 class GlmMtp:
@@ -44,9 +43,13 @@ class GlmMtp:
         self, hidden: torch.Tensor, next_tokens: torch.Tensor, cache: KVCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
         step = self.target.attention_context(len(next_tokens), cache)
-        embedded = rms_norm(self.embed[next_tokens], self.enorm, self.eps)
-        normed_hidden = rms_norm(hidden.to(self.target.dtype), self.hnorm, self.eps)
+        embedded = self._norm(self.embed[next_tokens], self.enorm)
+        normed_hidden = self._norm(hidden.to(self.target.dtype), self.hnorm)
         x = linear(torch.cat((embedded, normed_hidden), dim=-1), self.eh_proj)
         x = self.layer(x, step, cache)
         cache.advance(len(next_tokens))
-        return linear(rms_norm(x, self.head_norm, self.eps), self.head).float(), x
+        return linear(self._norm(x, self.head_norm), self.head).float(), x
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The target's norm kernel (norms.add_rms_norm_op) with nothing to add: one launch."""
+        return self.target.add_norm(x, None, weight, self.eps)[1]
