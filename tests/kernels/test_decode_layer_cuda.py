@@ -1,16 +1,18 @@
-"""The decode-layer kernels (norms, router, rotary_cache, decode_attention) compiled on a GPU at gpt-oss-20b's
-shapes (and the latent attention's, latent_cache and head_products at GLM-4.7-Flash's), against their torch
-references. Skipped without a CUDA device."""
+"""The decode-layer kernels (norms, router, rope_angles, rotary_cache, decode_attention) compiled on a GPU at
+gpt-oss-20b's shapes (and the latent attention's, latent_cache and head_products at GLM-4.7-Flash's), against their
+torch references. Skipped without a CUDA device."""
 
 import pytest
 import torch
 
+from app.engine.layers.rope import rope_frequencies
 from app.kernels.decode_attention import decode_attention, decode_attention_torch
 from app.kernels.expert_tiles import sum_picks
 from app.kernels.head_products import head_products, head_products_torch
 from app.kernels.latent_cache import latent_cache_write, latent_cache_write_torch
 from app.kernels.norms import add_rms_norm, add_rms_norm_torch
 from app.kernels.pick_rows import PickRows
+from app.kernels.rope_angles import rope_angles, rope_angles_torch
 from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
 from app.kernels.router import top_k_router, top_k_router_slots, top_k_router_slots_torch, top_k_router_torch
 from app.kernels.sigmoid_router import (
@@ -20,6 +22,7 @@ from app.kernels.sigmoid_router import (
     sigmoid_router_slots_torch,
     sigmoid_router_torch,
 )
+from tests.fixtures.tiny_gpt_oss import GPT_OSS_20B_CONFIG
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -44,6 +47,18 @@ def test_add_rms_norm(dtype, tokens, adds):
     want_total, want_normed = add_rms_norm_torch(x, delta, weight, 1e-5)
     assert torch.equal(total, want_total)
     torch.testing.assert_close(normed, want_normed, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_angles(dtype):
+    """gpt-oss's YaRN cos and sin (rope_angles.py) at positions up to its context."""
+    inv_freq, factor = rope_frequencies(DIM, GPT_OSS_20B_CONFIG["rope_theta"], GPT_OSS_20B_CONFIG["rope_scaling"])
+    positions = torch.tensor([0, 1, 511, 4095, 70_000, 131_071], device="cuda")
+    cos, sin = rope_angles(positions, inv_freq.cuda(), factor, dtype)
+    want_cos, want_sin = rope_angles_torch(positions, inv_freq.cuda(), factor, dtype)
+    tolerance = 1e-6 if dtype == torch.float32 else 2**-8
+    torch.testing.assert_close(cos, want_cos, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(sin, want_sin, rtol=tolerance, atol=tolerance)
 
 
 def test_add_rms_norm_adds_an_expert_ops_picks_as_their_sum():

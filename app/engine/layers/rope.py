@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from app.kernels.rope_angles import rope_angles_op
+
 
 def rope_frequencies(rotary_dim: int, theta: float, scaling: dict | None) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [rotary_dim / 2], attention factor that multiplies cos and sin)."""
@@ -54,8 +56,8 @@ class Rotary:
     def __init__(self, rotary_dim: int, theta: float, scaling: dict | None, device: torch.device):
         inv_freq, self.attention_factor = rope_frequencies(rotary_dim, theta, scaling)
         self.inv_freq = inv_freq.to(device)
+        self.angles = rope_angles_op(device)
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] -> cos, sin [T, rotary_dim / 2]."""
-        angles = positions.float()[:, None] * self.inv_freq
-        return (angles.cos() * self.attention_factor).to(dtype), (angles.sin() * self.attention_factor).to(dtype)
+        """positions [T] -> cos, sin [T, rotary_dim / 2], times the attention factor."""
+        return self.angles(positions, self.inv_freq, self.attention_factor, dtype)
