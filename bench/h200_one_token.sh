@@ -10,12 +10,16 @@
 #   bash bench/h200_one_token.sh mla       # GLM-4.7-Flash (latent attention): the decode-layer and GLM CUDA tests,
 #                                          # its 4-layer step profile, decoding fully resident (BASE: one or more
 #                                          # tars as above, each decoded first in its own folder)
+#   bash bench/h200_one_token.sh targets   # the kernel targets on this card in one call: the MXFP4 one-token op
+#                                          # and its bounds (bench/mxfp4_one_token_bounds.py), the FP8 prefill products
+#                                          # against bf16 cuBLAS (bench/kernel_fp8_linear.py --prefill), the MXFP4
+#                                          # one-token rows and warps a program (bench/kernel_gpt_oss_experts.py at T = 1)
 #   bash bench/h200_one_token.sh profiles  # the 4-layer step profiles (launches a layer, graph step time) of BASE's
 #                                          # tree and this one, alternating for ROUNDS (2), of PROFILE_MODELS (glm
 #                                          # glm-4.7-flash)
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
-phase=${1:?kernels, registers, decode, mla or profiles}
+phase=${1:?kernels, registers, decode, mla, targets or profiles}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -80,6 +84,16 @@ if [ "$phase" = mla ]; then
   # shellcheck disable=SC2086
   timeout 150 python3 bench/decode_glm.py "$out/decode-glm-4.7-flash.json" $flash 2>&1 \
     | tee "$out/decode-glm-4.7-flash.log" | grep -v '^{'
+  exit 0
+fi
+if [ "$phase" = targets ]; then
+  nvidia-smi --query-gpu=name,driver_version --format=csv > "$out/gpu.txt"
+  timeout 120 python3 bench/mxfp4_one_token_bounds.py "$out/mxfp4-one-token-bounds.json" 2>&1 | grep -v '^{' \
+    | tee "$out/mxfp4-one-token-bounds.log"
+  timeout 200 python3 bench/kernel_fp8_linear.py "$out/kernel-fp8-linear-prefill.json" --prefill 2>&1 | grep -v '^{' \
+    | tee "$out/kernel-fp8-linear-prefill.log" | tail -30
+  timeout 200 python3 bench/kernel_gpt_oss_experts.py "$out/kernel-gpt-oss-experts-t1.json" --tokens 1 \
+    --formats mxfp4 --no-tile-sweeps 2>&1 | tee "$out/kernel-gpt-oss-experts-t1.log" | grep "T=1"
   exit 0
 fi
 if [ "$phase" = profiles ]; then  # A/B of the 4-layer step (launches, graph time): BASE's tree and this one, alternating
