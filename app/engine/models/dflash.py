@@ -15,7 +15,6 @@ from app.engine.layers.ops import attend, silu_glu
 from app.engine.layers.rope import Rotary
 from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
-from app.kernels.norms import rms_norm
 from app.kernels.rotary_cache import rotate_halves
 from app.model_folder import ModelFolder
 from app.plan import dtype_bytes
@@ -145,7 +144,7 @@ class DFlashDrafter:
 
     def add_context(self, features: torch.Tensor, cache: KVCache) -> None:
         """features [N, K·H]: the target layers' outputs at the next positions."""
-        context = rms_norm(features.to(self.dtype) @ self.fc.T, self.hidden_norm, self.config.rms_norm_eps)
+        context = self._norm(features.to(self.dtype) @ self.fc.T, self.hidden_norm)
         cos, sin = self.rotary.cos_sin(cache.positions(len(context)), self.dtype)
         for index, layer in enumerate(self.layers):
             k, v = self._keys_values(layer, context, cos, sin)
@@ -157,21 +156,21 @@ class DFlashDrafter:
         """block_ids [B] (anchor, then mask tokens) -> float32 logits [B - 1, V] for positions 1 … B - 1; the
         cache is left as it was."""
         c = self.config
-        eps = c.rms_norm_eps
         positions = cache.positions(len(block_ids))
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
-        h = self.target.embed[block_ids]
+        h, mlp_output = self.target.embed[block_ids], None
         for index, layer in enumerate(self.layers):
-            x = rms_norm(h, layer["input_norm"], eps)
+            h, x = self._add_norm(h, mlp_output, layer["input_norm"])  # the layer before's MLP added here
             q = (x @ layer["q"].T).unflatten(-1, (c.num_attention_heads, c.head_dim))
-            q = rotate_halves(rms_norm(q, layer["q_norm"], eps), cos, sin)
+            q = rotate_halves(self._norm(q, layer["q_norm"]), cos, sin)
             k, v = self._keys_values(layer, x, cos, sin)
             keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
             # the whole context and the whole block (bidirectional); rows past the block are stale (graphs)
             visible = (torch.arange(len(keys), device=self.device) <= positions[-1]).expand(len(block_ids), -1)
-            h = h + attend(q, keys, values, visible, c.head_dim**-0.5).flatten(-2) @ layer["o"].T
-            h = h + silu_glu(rms_norm(h, layer["post_norm"], eps), layer["gate"], layer["up"], layer["down"])
-        h = rms_norm(h[1:], self.norm, eps)
+            attended = attend(q, keys, values, visible, c.head_dim**-0.5).flatten(-2) @ layer["o"].T
+            h, x = self._add_norm(h, attended, layer["post_norm"])
+            mlp_output = silu_glu(x, layer["gate"], layer["up"], layer["down"])
+        h = self._add_norm(h, mlp_output, self.norm)[1][1:]
         return (h @ self.target.lm_head.T).float()
 
     def _keys_values(self, layer, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
@@ -179,4 +178,14 @@ class DFlashDrafter:
         c = self.config
         k = (x @ layer["k"].T).unflatten(-1, (c.num_key_value_heads, c.head_dim))
         v = (x @ layer["v"].T).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        return rotate_halves(rms_norm(k, layer["k_norm"], c.rms_norm_eps), cos, sin), v
+        return rotate_halves(self._norm(k, layer["k_norm"]), cos, sin), v
+
+    def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [T, H] plus delta (None: nothing) and its RMSNorm, in the target's norm kernel (norms.add_rms_norm_op):
+        one launch where torch's add and norm make four."""
+        return self.target.add_norm(h, delta, weight, self.config.rms_norm_eps)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm over x's last dimension ([..., D], weight [D]; q and k per head) in the same kernel."""
+        return self._add_norm(x.reshape(-1, x.shape[-1]), None, weight)[1].view(x.shape)
