@@ -49,9 +49,9 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, slots_ptr, weight_ptr, total_ptr, nor
     if PICKS > 0:  # the token's pick rows [PICKS, H] summed in pick order, rounded as sum_picks stores the sum
         delta = tl.zeros((BLOCK,), tl.float32)
         for pick in tl.static_range(PICKS):
-            taken = tl.load(slots_ptr + tl.program_id(0) * PICKS + pick) >= 0
-            pick_row = tl.load(delta_ptr + row * PICKS + pick * hidden + columns, mask=inside, other=0.0)
-            delta += tl.where(taken, pick_row, 0.0)
+            # a skipped pick's row is not read: no columns of it are inside
+            width = tl.where(tl.load(slots_ptr + tl.program_id(0) * PICKS + pick) >= 0, hidden, 0)
+            delta += tl.load(delta_ptr + row * PICKS + pick * hidden + columns, mask=columns < width, other=0.0)
         delta = delta.to(x_ptr.dtype.element_ty)
     elif delta_ptr is not None:
         delta = tl.load(delta_ptr + row + columns, mask=inside, other=0.0)

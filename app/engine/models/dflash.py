@@ -187,5 +187,4 @@ class DFlashDrafter:
         return self.target.add_norm(h, delta, weight, self.config.rms_norm_eps)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm over x's last dimension ([..., D], weight [D]; q and k per head) in the same kernel."""
-        return self._add_norm(x.reshape(-1, x.shape[-1]), None, weight)[1].view(x.shape)
+        return self.target.norm_alone(x, weight, self.config.rms_norm_eps)

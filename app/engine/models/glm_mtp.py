@@ -51,5 +51,4 @@ class GlmMtp:
         return linear(self._norm(x, self.head_norm), self.head).float(), x
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """The target's norm kernel (norms.add_rms_norm_op) with nothing to add: one launch."""
-        return self.target.add_norm(x, None, weight, self.eps)[1]
+        return self.target.norm_alone(x, weight, self.eps)

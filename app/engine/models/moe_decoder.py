@@ -123,6 +123,11 @@ class MoeDecoder:
             return logits
         return logits, torch.cat([outputs[index] for index in capture], dim=-1)
 
+    def norm_alone(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm over x's last dimension ([..., D], weight [D]) in `add_norm` with nothing to add: one launch where
+        its kernel runs (the drafters' norms, per head too)."""
+        return self.add_norm(x.reshape(-1, x.shape[-1]), None, weight, eps)[1].view(x.shape)
+
     def _routed_or_none(self, index: int, routing: Routing | None) -> torch.Tensor | PickRows | None:
         return None if routing is None else self.routed_experts(index, routing)
 
