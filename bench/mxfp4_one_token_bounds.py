@@ -9,8 +9,6 @@ reads its experts from DRAM), as bench/kernel_gpt_oss_experts.py times the op:
   op with its own conversion of the inputs (and its picks' sum), the op reading its experts through the address table
   (as for experts outside the slots), then its launches alone or in part (the inputs' conversion, gate_up, down, the
   picks' sum);
-- `down parts`: the op, and down alone, with down's programs of a number of rows over the whole of each pick's
-  inputs or over parts of them (`half_pairs_config`'s down_depth: each part a row of its own, summed as more picks);
 - `loads only`: the op's own kernels with their products taken out (a lane's words XORed with its inputs, the scale
   bytes added): what the programs' loads alone take; with `no inputs` the inputs' loads are gone too, with `no scales`
   the scale bytes. Made at run time from the kernels' source (written to a temporary folder and imported), so they
@@ -41,8 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 from app.kernels import gpt_oss_experts_half_pairs, mxfp4_half_pairs
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_table import columns, slot_table
+from app.kernels.expert_tiles import sum_picks
 from app.kernels.gpt_oss_experts_half_pairs import down_in_half_pairs, gate_up_in_half_pairs
-from app.kernels.gpt_oss_experts_triton import HALF_PAIRS_ROWS, half_pairs_config, pick_config
+from app.kernels.gpt_oss_experts_triton import pick_config
 from app.kernels.mxfp4_half_pairs import half_pairs
 from bench.decode_gpt_oss import machine
 from bench.kernel_gpt_oss_experts import (
@@ -59,8 +58,6 @@ from bench.kernel_gpt_oss_experts import (
 )
 
 STREAM_SHAPES = ((2, 1), (4, 1), (8, 1), (8, 4), (16, 8), (32, 8))  # (rows, warps) a program
-# down's programs (rows, inputs a program): whole products as now, and each pick's product split in parts
-DOWN_PARTS = ((4, 4096), (4, 1024), (8, 1024), (16, 1024), (4, 2048), (8, 2048))
 
 PRODUCTS = """    words0, words1, words2, words3 = _four(words4)
     sums = tl.zeros(acc.shape, tl.uint32)  # float16 pairs: a group's 16 products per half"""
@@ -169,14 +166,7 @@ def main(out_path: str) -> None:
     timed("parts", "gate_up", gate_up)
     timed("parts", "down", down)
     timed("parts", "conversion", lambda s, w: half_pairs(hidden))
-    timed("parts", "sum of the picks", lambda s, w: per_pick.total(torch.bfloat16))
-    for rows, depth in DOWN_PARTS:
-        split = half_pairs_config(HALF_PAIRS_ROWS, rows, depth)
-        name = f"{rows} rows, parts of {depth} inputs"
-        timed("down parts", f"op, down {name}", lambda s, w, t=(split.gate_up, split.down): gpt_oss_experts_half_pairs
-              .run_in_half_pairs(hidden, arenas, None, s, w, LIMIT, ALPHA, names, t, (x, x_unscale)), op_floor)
-        timed("down parts", f"down {name}", lambda s, w, t=split.down: down_in_half_pairs(
-            activations, arenas, None, s, w, LIMIT, names, t))
+    timed("parts", "sum of the picks", lambda s, w: sum_picks(per_pick, s, torch.bfloat16))
     with tempfile.TemporaryDirectory() as folder:
         sys.path.insert(0, folder)
         for name, inputs, scales in (("loads_only", True, True), ("loads_only_no_inputs", False, True),

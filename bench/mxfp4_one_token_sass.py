@@ -22,11 +22,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from the repository root
 
-from app.kernels.gpt_oss_experts_half_pairs import (
-    STEP_INPUTS,
-    _half_pairs_down_kernel,
-    _half_pairs_gate_up_kernel,
-)
+from app.kernels.gpt_oss_experts_half_pairs import _half_pairs_down_kernel, _half_pairs_gate_up_kernel
 from app.kernels.gpt_oss_experts_triton import pick_config
 from app.kernels.mxfp4_half_pairs import LARGEST_INPUT_EXPONENT, activation_shift
 from bench.sm90_sass import compile_sm90, sass_opcodes
@@ -36,21 +32,6 @@ PICKS, COLUMNS, LIMIT = 4, 6, 7.0
 DEFAULT = pick_config(PICKS, mxfp4=True)  # one token's picks: the float16-pair programs
 TABLE = {"weight_ptr": "*i32", "scale_ptr": "*u8", "bias_ptr": "*bf16", "rows_ptr": "*i64"}
 COLUMN_INDICES = dict.fromkeys(("weight_column", "scale_column", "bias_column"), "i32")
-
-
-def down(rows: int, depth: int):
-    """down's kernel, arguments, constants, warps and inputs at `rows` rows a program over `depth` inputs a program
-    (in parts: the code holds every part's steps, one branch a part, and a program runs one: the counts are the
-    parts' together, per weight of a whole row)."""
-    arguments = {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16", "per_pick_ptr": "*fp32",
-                 "slots_ptr": "*i64", **COLUMN_INDICES}
-    splits = triton.cdiv(WIDTH, depth)
-    constants = dict(table_ptr=None, H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=rows, SPLITS=splits,
-                     SPLIT_STEPS=depth // STEP_INPUTS, PDL=True,
-                     ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT)))
-    return _half_pairs_down_kernel, arguments, constants, DEFAULT.down.warps, WIDTH
-
-
 KERNELS = {
     "gate_up": (_half_pairs_gate_up_kernel, {"pairs_ptr": "*fp16", "unscale_ptr": "*fp32", **TABLE,
                                              "activations_ptr": "*fp16", "limit": "fp32", "alpha": "fp32",
@@ -58,10 +39,10 @@ KERNELS = {
                 dict(table_ptr=None, H=HIDDEN, W=WIDTH, PICKS=PICKS, COLUMNS=COLUMNS,
                      ACT_SCALE=2.0 ** activation_shift(LIMIT), BLOCK_N=DEFAULT.gate_up.features, PDL=True),
                 DEFAULT.gate_up.warps, HIDDEN),
-    "down": down(DEFAULT.down.features, DEFAULT.down.depth),
-    # down's products in parts of one step (1024 inputs), a program per part
-    "down, parts of 1024 inputs, 4 rows": down(4, 1024),
-    "down, parts of 1024 inputs, 8 rows": down(8, 1024),
+    "down": (_half_pairs_down_kernel, {"activations_ptr": "*fp16", **TABLE, "routing_ptr": "*bf16",
+                                       "per_pick_ptr": "*fp32", **COLUMN_INDICES},
+             dict(table_ptr=None, H=HIDDEN, W=WIDTH, COLUMNS=COLUMNS, BLOCK_N=DEFAULT.down.features, PDL=True,
+                  ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(LIMIT))), DEFAULT.down.warps, WIDTH),
 }
 DECODE_AND_MULTIPLY = ("LOP3", "SHF", "IMAD.SHL", "HFMA2")
 
@@ -94,7 +75,7 @@ def main(out_path: str) -> None:
                 "opcodes": dict(opcodes.most_common())}
         case["decode_and_multiply_per_weight"] = case["classes"]["decode and multiply"] / weights_a_lane
         cases.append(case)
-        print(f"{name}: {total} instructions in its code, {case['instructions_per_weight']:.2f} a weight "
+        print(f"{name}: {total} instructions a program, {case['instructions_per_weight']:.2f} a weight "
               f"({case['decode_and_multiply_per_weight']:.2f} decoding and multiplying); {case['classes']}")
     report = {
         "machine": {"host": platform.node(), "triton": triton.__version__, "target": "sm_90 (compiled, not run)"},

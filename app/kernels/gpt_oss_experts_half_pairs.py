@@ -7,9 +7,8 @@ the arenas (one dependent read fewer before the weights), and a skipped pick's p
 plan: at one pair per program there is nothing to group.
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W] times 2^shift, in pair order.
-- down: bias and routing weight in the epilogue -> one float32 row per pick [P, H] (or per part of its inputs, each
-  part's programs on their own: `down_in_half_pairs`), which `sum_picks` adds, or the norm after the op where the
-  norm before gave its inputs (pick_rows.py).
+- down: bias and routing weight in the epilogue -> one float32 row per pick [P, H], which `sum_picks` adds, or
+  the norm after the op where the norm before gave its inputs (pick_rows.py).
 """
 
 import torch
@@ -18,7 +17,7 @@ import triton.language as tl
 
 from app.kernels.dependent_launch import after_earlier_kernels_only, dependent_launch
 from app.kernels.expert_table import row_pointer
-from app.kernels.expert_tiles import Tiles
+from app.kernels.expert_tiles import Tiles, sum_picks
 from app.kernels.mxfp4_half_pairs import (
     LARGEST_INPUT_EXPONENT,
     activation_shift,
@@ -27,8 +26,6 @@ from app.kernels.mxfp4_half_pairs import (
     pair_order,
 )
 from app.kernels.pick_rows import PickRows
-
-STEP_INPUTS = 1024  # a warp's 32 lanes take 32 groups of 32 a step (mxfp4_half_pairs.py)
 
 
 def run_in_half_pairs(
@@ -51,7 +48,7 @@ def run_in_half_pairs(
     x, x_unscale = half_pairs(hidden) if hidden_pairs is None else hidden_pairs
     activations = gate_up_in_half_pairs(x, x_unscale, arenas, table, rows, limit, alpha, columns, tiles[0])
     per_pick = down_in_half_pairs(activations, arenas, table, rows, weights, limit, columns, tiles[1])
-    return per_pick.total(hidden.dtype) if hidden_pairs is None else per_pick
+    return sum_picks(per_pick, rows, hidden.dtype) if hidden_pairs is None else PickRows(per_pick, rows)
 
 
 def gate_up_in_half_pairs(
@@ -77,28 +74,21 @@ def gate_up_in_half_pairs(
 def down_in_half_pairs(
     activations: torch.Tensor, arenas: dict[str, torch.Tensor], table: torch.Tensor | None, rows: torch.Tensor,
     weights: torch.Tensor, limit: float, columns: tuple[str, ...], tiles: Tiles,
-) -> PickRows:
-    """`gate_up_in_half_pairs`'s activations [T * k, W] -> one float32 row per pick, its bias added and its routing
-    weight applied (`PickRows.total` adds a token's picks). Where `tiles.depth` is less than W, each pick's product
-    is split over programs of that many inputs, each writing its part as a row of its own, and the rows' slots
-    repeat each pick's slot once a part: the parts are then summed as more picks."""
+) -> torch.Tensor:
+    """`gate_up_in_half_pairs`'s activations [T * k, W] -> one float32 row per pick [T * k, H], its bias added and
+    its routing weight applied (`sum_picks` adds a token's picks)."""
     num_pairs, width = activations.shape
     hidden_size = arenas["down_proj_bias"].shape[1]
     down_columns = [columns.index(f"down_proj_{part}") for part in ("blocks", "scales", "bias")]
-    assert tiles.depth % STEP_INPUTS == 0, f"a program's inputs come {STEP_INPUTS} a step"
-    splits = triton.cdiv(width, tiles.depth)
-    per_pick = torch.empty((num_pairs * splits, hidden_size), dtype=torch.float32, device=activations.device)
-    slots = rows if splits == 1 else torch.empty((rows.shape[0], rows.shape[1] * splits), dtype=rows.dtype,
-                                                   device=rows.device)
-    _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, tiles.features), splits)](
+    per_pick = torch.empty((num_pairs, hidden_size), dtype=torch.float32, device=activations.device)
+    _half_pairs_down_kernel[(num_pairs, triton.cdiv(hidden_size, tiles.features))](
         activations, arenas["down_proj_blocks"].view(torch.int32), arenas["down_proj_scales"],
-        arenas["down_proj_bias"], table, rows, weights, per_pick, slots, *down_columns,
+        arenas["down_proj_bias"], table, rows, weights, per_pick, *down_columns,
         H=hidden_size, W=width, COLUMNS=len(columns),
         ACT_UNSCALE=2.0 ** (LARGEST_INPUT_EXPONENT - activation_shift(limit)),
-        BLOCK_N=tiles.features, SPLITS=splits, SPLIT_STEPS=tiles.depth // STEP_INPUTS, num_warps=tiles.warps,
-        **dependent_launch(activations.device),
+        BLOCK_N=tiles.features, num_warps=tiles.warps, **dependent_launch(activations.device),
     )
-    return PickRows(per_pick, slots)
+    return per_pick
 
 
 @triton.jit
@@ -151,31 +141,21 @@ def _half_pairs_gate_up_kernel(
 
 @triton.jit
 def _half_pairs_down_kernel(
-    activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr, slots_ptr,
+    activations_ptr, weight_ptr, scale_ptr, bias_ptr, table_ptr, rows_ptr, routing_ptr, per_pick_ptr,
     weight_column, scale_column, bias_column,
     H: tl.constexpr, W: tl.constexpr, COLUMNS: tl.constexpr, ACT_UNSCALE: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr, SPLIT_STEPS: tl.constexpr, PDL: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     after_earlier_kernels_only(PDL)
-    pair, split = tl.program_id(0), tl.program_id(2)
+    pair = tl.program_id(0)
     row = tl.load(rows_ptr + pair).to(tl.int64)  # int64: row * expert size passes 2^31
-    if SPLITS > 1:  # each part's row is summed as a pick of this pick's slot (one block of rows stores it)
-        tl.store(slots_ptr + pair * SPLITS + split, row.to(slots_ptr.dtype.element_ty), mask=tl.program_id(1) == 0)
     if row < 0:
         return
     weights, scales, biases = _expert(table_ptr, row, weight_ptr, scale_ptr, bias_ptr, weight_column, scale_column,
                                       bias_column, COLUMNS, H, W)
     features = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     inputs = activations_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + pair * (W // 2)
-    if SPLITS == 1:
-        acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N)
-    else:
-        acc = tl.zeros((BLOCK_N,), tl.float32)
-        for part in tl.static_range(SPLITS):  # constant steps in each branch: a program runs one
-            if split == part:
-                acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N,
-                                                  part * SPLIT_STEPS, SPLIT_STEPS)
-    with_bias = tl.where(split == 0, H, 0)  # the first part adds the bias
-    bias = tl.load(biases + features, mask=features < with_bias, other=0.0).to(tl.float32)
+    acc = mxfp4_rows_times_half_pairs(inputs, weights, scales, features, H, W, BLOCK_N)
+    bias = tl.load(biases + features, mask=features < H).to(tl.float32)
     acc = (acc * ACT_UNSCALE + bias) * tl.load(routing_ptr + pair).to(tl.float32)
-    tl.store(per_pick_ptr + (pair * SPLITS + split) * H + features, acc, mask=features < H)
+    tl.store(per_pick_ptr + pair * H + features, acc, mask=features < H)

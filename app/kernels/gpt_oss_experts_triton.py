@@ -42,16 +42,14 @@ from app.kernels.pick_rows import PickRows
 CUDA_CORE_PAIRS = 4
 # one pair per program; bf16 activations in float16 pairs, one-warp programs of 2 rows for gate_up and 4 for down:
 # 15.8 + 8.7 us on the H200 at T = 1 (2 rows both 15.7 + 9.6, 8 rows / 4 warps 17.9 + 10.4, bench/NOTES.md)
-HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS, HALF_PAIRS_DOWN_DEPTH = 2, 4, 4096
+HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS = 2, 4
 
 
 def pick_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:
     if mxfp4 and num_pairs <= CUDA_CORE_PAIRS:
         # Triton's interpreter runs each program in turn: 16 rows a program there keep CI's tests of these paths
         # within minutes (one test runs the GPU's rows on a small expert)
-        if INTERPRETED:
-            return half_pairs_config(16)
-        return half_pairs_config(HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS, HALF_PAIRS_DOWN_DEPTH)
+        return half_pairs_config(16) if INTERPRETED else half_pairs_config(HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS)
     return matrix_unit_config(num_pairs, mxfp4)
 
 
@@ -60,11 +58,10 @@ def runs_in_half_pairs(config: LaunchConfig, dtype: torch.dtype) -> bool:
     return config.half_pairs and dtype != torch.float32
 
 
-def half_pairs_config(rows: int, down_rows: int | None = None, down_depth: int = 4096) -> LaunchConfig:
-    """One-warp float16-pair programs of `rows` rows (`down_rows` for down, if given) over all of their inputs, but
-    down's programs over `down_depth` of them (a multiple of 1024; less than W splits each product in parts)."""
-    down = Tiles(down_rows or rows, down_depth, warps=1)
-    return LaunchConfig(1, Tiles(rows, 4096, warps=1), down, cuda_cores=True, half_pairs=True)
+def half_pairs_config(rows: int, down_rows: int | None = None) -> LaunchConfig:
+    """One-warp float16-pair programs of `rows` rows (`down_rows` for down, if given)."""
+    down = Tiles(down_rows or rows, 1024, warps=1)
+    return LaunchConfig(1, Tiles(rows, 1024, warps=1), down, cuda_cores=True, half_pairs=True)
 
 
 def matrix_unit_config(num_pairs: int, mxfp4: bool) -> LaunchConfig:

@@ -215,31 +215,30 @@ def _step_products(words4, scale, x0, x1, x2, x3, acc):
 
 @triton.jit
 def mxfp4_rows_times_half_pairs(pairs_ptr, words_ptr, scale_ptr, rows, N: tl.constexpr, K: tl.constexpr,
-                                BLOCK_N: tl.constexpr, FIRST: tl.constexpr = 0, COUNT: tl.constexpr = 0):
+                                BLOCK_N: tl.constexpr):
     """W[rows, :] @ x -> [BLOCK_N] float32, before the inputs' unscaling. W is one expert's MXFP4 as uint32 words
     [N, K/8] + scales [N, K/32]; pairs_ptr points at one token's inputs in pair order (`half_pairs`) as uint32
-    float16 pairs [4, K/32, 4]. The lanes of a warp take 32 groups (1024 inputs) a step, at most 4 unrolled steps:
-    COUNT steps from step FIRST (0: to K's end; a part of K: that part of the sum), with masks only on the
-    last step's groups past K (and on rows past N); a lane reads a row's group as one 16-byte load, its 16 input
-    pairs as four."""
+    float16 pairs [4, K/32, 4]. The lanes of a warp take 32 groups at a time, all of K in at most 4 unrolled steps,
+    with masks only on the last step's groups past K (and on rows past N); a lane reads a row's group as one
+    16-byte load, its 16 input pairs as four."""
     GROUPS: tl.constexpr = K // 32
-    STEPS: tl.constexpr = triton.cdiv(GROUPS, 32) if COUNT == 0 else min(triton.cdiv(GROUPS, 32), FIRST + COUNT)
-    tl.static_assert(STEPS - FIRST <= 4, "4 steps (4096 inputs) a program at most")
-    a0, a1, a2, a3, a4, a5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, FIRST)
-    if STEPS > FIRST + 1:
-        b0, b1, b2, b3, b4, b5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, FIRST + 1)
-    if STEPS > FIRST + 2:
-        c0, c1, c2, c3, c4, c5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, FIRST + 2)
-    if STEPS > FIRST + 3:
-        d0, d1, d2, d3, d4, d5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, FIRST + 3)
+    STEPS: tl.constexpr = triton.cdiv(GROUPS, 32)
+    tl.static_assert(STEPS <= 4, "K up to 4096")
+    a0, a1, a2, a3, a4, a5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 0)
+    if STEPS > 1:
+        b0, b1, b2, b3, b4, b5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 1)
+    if STEPS > 2:
+        c0, c1, c2, c3, c4, c5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 2)
+    if STEPS > 3:
+        d0, d1, d2, d3, d4, d5 = _step_loads(words_ptr, scale_ptr, pairs_ptr, rows, N, GROUPS, BLOCK_N, 3)
     # ptxas still issues a step's words while the step before multiplies and the scales after the products (SASS);
     # the barrier is what the H200 figures were measured with (bench/NOTES.md: forcing the order did not pay)
     tl.debug_barrier()
     acc = _step_products(a0, a1, a2, a3, a4, a5, tl.zeros((BLOCK_N, 32), tl.float32))
-    if STEPS > FIRST + 1:
+    if STEPS > 1:
         acc = _step_products(b0, b1, b2, b3, b4, b5, acc)
-    if STEPS > FIRST + 2:
+    if STEPS > 2:
         acc = _step_products(c0, c1, c2, c3, c4, c5, acc)
-    if STEPS > FIRST + 3:
+    if STEPS > 3:
         acc = _step_products(d0, d1, d2, d3, d4, d5, acc)
     return tl.sum(acc, axis=1)
