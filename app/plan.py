@@ -257,25 +257,19 @@ CARD_MEMORY_BPS = {"RTX 4090": 1.0e12, "RTX 5090": 1.8e12, "H100": 3.35e12, "H20
 @dataclass(frozen=True)
 class LayerOverheads:
     """Engine time per layer and token beyond the roofline: kernel launches, the host's read of the routing,
-    issuing the copies (bench/NOTES.md). Resident: fitted to gpt-oss-20b on an H100, 2026-12-06, where three leases
-    decoded main's step (picks summed in the next norm, 10 launches a layer) at 528.8 / 528.4, 541.8 / 541.0 and
-    525.7 / 523.7 tok/s (32.5 µs a layer at their mean; 36.0 had been fitted to 506-509 the same day, two kernel changes
-    before, and 53 µs on the H200 on 2026-12-03 predicted that session's step, 420 tok/s,
-    within 0.1 %). With the 12-03 step -120b took 8 µs a layer more than -20b and GLM-4.5-Air-FP8 16 (its shared
-    expert as a routed pick), so their predictions are likely high by as much (not yet timed with the later steps;
-    GLM's 4-layer step lost another 17-18 µs a layer on 12-06). The card's bandwidth enters only the roofline, so on
-    an H200 the prediction is likely high: its one-token kernels are bound by their instructions there, not by
-    memory (NOTES, twenty-eighth session). Misses
-    served on the device, whose steps wait for their tokens (63-67 µs a layer resident that way, 2026-12-02): fitted
-    to gpt-oss-20b's runs at 50, 25 and 10 % of the experts (trace and uniform routing, 2026-12-01/02), all within
-    10 %; experts on disk: 2026-11-29."""
+    issuing the copies (bench/NOTES.md has each fit's runs and the earlier fits). Resident: fitted to gpt-oss-20b's
+    current step on an H100 (523.7-541.8 tok/s over three leases, 2026-12-06). -120b and GLM-4.5-Air-FP8 were last
+    timed with an older step, 8 and 16 µs a layer over -20b, so their predictions are likely high by about as much.
+    Only the roofline scales with the card's bandwidth, so on an H200, where the one-token kernels are bound by their
+    instructions, the prediction is likely high too. Misses served on the device, whose steps wait for their tokens:
+    fitted to gpt-oss-20b's runs at 50, 25 and 10 % of the experts (trace and uniform routing, 2026-12-01/02), all
+    within 10 %; experts on disk: 2026-11-29."""
 
     resident_s: float = 0.0325e-3  # every expert resident: one CUDA graph, run one pass ahead of the host
     # on top of these, a layer of latent attention (MLA: GLM-4.7-Flash, GLM-5): its latent kernels (latent_cache,
     # two head_products, a two-launch decode attention), 17 launches a layer in all. One fit: GLM-4.7-Flash (bf16)
-    # fully resident at 182.5 tok/s (2026-12-04: 68.5 µs a layer in all, 28 over the 40.5 then; its 4-layer step
-    # gained about 1 µs a layer since, 655 -> 609 µs for the token's first and last norms, within the fit's spread);
-    # charged alike to offloaded placements and to GLM-5, whose DSA attention costs more (not yet measured)
+    # fully resident at 182.5 tok/s (2026-12-04, 68.5 µs a layer in all); charged alike to offloaded placements and
+    # to GLM-5, whose DSA attention costs more (not yet measured)
     latent_attention_s: float = 0.036e-3
     graph_s: float = 0.065e-3  # misses served on the device: one CUDA graph, each step waiting for its token
     segmented_s: float = 0.37e-3  # some experts on disk: a graph per layer around the host's expert work
