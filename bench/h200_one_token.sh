@@ -17,9 +17,12 @@
 #   bash bench/h200_one_token.sh profiles  # the 4-layer step profiles (launches a layer, graph step time) of BASE's
 #                                          # tree and this one, alternating for ROUNDS (2), of PROFILE_MODELS (glm
 #                                          # glm-4.7-flash)
+#   bash bench/h200_one_token.sh spec      # speculation on gpt-oss-20b fully resident (bench/spec_decode.py: off and the
+#                                          # cost-aware policy at ACCEPTANCE, 0.6,0.9) in BASE's tree and this one,
+#                                          # alternating for ROUNDS (2), then the speculation and run-ahead CUDA tests
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
-phase=${1:?kernels, registers, decode, mla, targets or profiles}
+phase=${1:?kernels, registers, decode, mla, targets, profiles or spec}
 out=${OUT:-/tmp/out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -108,6 +111,22 @@ if [ "$phase" = profiles ]; then  # A/B of the 4-layer step (launches, graph tim
       done
     done
   done
+  exit 0
+fi
+if [ "$phase" = spec ]; then
+  mkdir -p /tmp/base && tar -xf "${BASE:?a tar of the earlier tree}" -C /tmp/base
+  for round in $(seq "${ROUNDS:-2}"); do
+    for tree in /tmp/base "$PWD"; do
+      name=$([ "$tree" = "$PWD" ] && echo after || echo before)
+      (cd "$tree" && timeout 150 python3 bench/spec_decode.py "$out/spec-decode-20b-$name-$round.json" --model 20b \
+        --prompt 256 --new 256 --repeats 2 --fractions 1.0 --acceptance "${ACCEPTANCE:-0.6,0.9}" --blocks "" \
+        --folder /tmp/spec 2>&1 | tee "$out/spec-decode-20b-$name-$round.log" | grep -v '^{' | sed "s/^/$name $round: /")
+    done
+  done
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/spec/test_spec_cuda.py tests/engine/test_cuda.py \
+    tests/engine/test_runs_ahead.py tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1
+  echo "pytest exit status $?" >> "$out/cuda-tests-spec.log"
+  tail -4 "$out/cuda-tests-spec.log"
   exit 0
 fi
 if [ "$phase" = decode ]; then

@@ -54,10 +54,10 @@ def test_the_tokens_and_counts_of_steps_in_turn(session, monkeypatch, sampling):
 
 
 def _recording(run_on_device, lengths: list[int]):
-    def recorded(runner, tokens):
-        logits = run_on_device(runner, tokens)
+    def recorded(runner, tokens, capture=()):
+        out = run_on_device(runner, tokens, capture)
         lengths.append(runner.cache.length)
-        return logits
+        return out
 
     return recorded
 

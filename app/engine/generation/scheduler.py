@@ -3,7 +3,8 @@
 A sequence joins between steps (prompt prefilled alone) and leaves when it ends. Each step drafts a block per
 speculative sequence ([anchor, *drafts]; plain: its last token), runs one target pass over all blocks (alone: the
 runner's, a CUDA graph where possible; together: `forward_batch`), then accepts and rewinds each on its own. A
-plain sequence alone over a complete expert cache runs its passes one ahead of the host (ahead.py).
+sequence alone over a complete expert cache runs its plain passes one ahead of the host (ahead.py): every pass of a
+plain sequence, a speculative one's while its policy holds plain steps.
 """
 
 import time
@@ -51,6 +52,7 @@ class Sequence:
     speculator: Speculator | None = None
     sizer: BlockSizer | None = None
     ahead: AheadPass | None = None  # its pass queued from `token`, whose own token the host has not read
+    read_at: float = 0.0  # when the host last read a token ahead
 
     def __post_init__(self):
         self.answer = self.answer or AnswerEvents(self.request_id)
@@ -108,7 +110,7 @@ class Scheduler:
 
     def step(self) -> list[Tokens | Done]:
         sequences = list(self.sequences.values())
-        if len(sequences) == 1 and sequences[0].speculator is None and sequences[0].runner.runs_ahead:
+        if len(sequences) == 1 and _runs_ahead(sequences[0]):
             with torch.inference_mode():
                 return self._step_ahead(sequences[0])
         experts = self.model.experts
@@ -123,14 +125,10 @@ class Scheduler:
         work = self._cache_stats.since(before)
         events = []
         for sequence, plan, (tokens, kept) in zip(sequences, plans, results, strict=True):
-            if sequence.sizer and len(sequences) == 1:  # what a step costs is learnt from the steps run alone
-                sequence.sizer.record(len(plan.block), kept, seconds, work.bytes_fetched / experts.store.expert_bytes)
             _count_step(sequence, work, len(sequences))
-            if sequence.speculator:
-                sequence.block_sizes.append(len(plan.block))
-                sequence.accepted.append(kept)
-            events += self._emit(sequence, tokens, kept, _spec_step(len(plan.block), kept, work, experts)
-                                 if sequence.speculator else None)
+            # what a step costs is learnt from the steps run alone
+            spec = _spec_step(sequence, len(plan.block), kept, work, experts, seconds if len(sequences) == 1 else None)
+            events += self._emit(sequence, tokens, kept, spec)
         return events
 
     def leave(self, request_id: int) -> GenerationStats | None:
@@ -141,12 +139,14 @@ class Scheduler:
         return self._stats(sequence)
 
     def _step_ahead(self, sequence: Sequence) -> list[Tokens | Done]:
-        """Queues the pass from the token ahead (unless that token surely ends the sequence), then reads it."""
+        """Queues the pass from the token ahead (unless that token surely ends the sequence or the step after
+        this one may draft), then reads it."""
         ahead = sequence.ahead or AheadPass(sequence.runner, sequence.sampler,
-                                            torch.tensor([sequence.token], device=self.model.device))
+                                            torch.tensor([sequence.token], device=self.model.device), sequence.capture)
         following = None
-        if sequence.emitted + 1 < sequence.max_new_tokens and sequence.cache.length < sequence.cache.capacity:
-            following = AheadPass(sequence.runner, sequence.sampler, ahead.token)
+        if (sequence.emitted + 1 < sequence.max_new_tokens and sequence.cache.length < sequence.cache.capacity
+                and (sequence.speculator is None or sequence.sizer.holds_plain(steps=1))):
+            following = AheadPass(sequence.runner, sequence.sampler, ahead.token, sequence.capture)
         return self._read_ahead(sequence, ahead, following)
 
     def _catch_up(self) -> list[Tokens | Done]:
@@ -159,10 +159,19 @@ class Scheduler:
 
     def _read_ahead(self, sequence: Sequence, ahead: AheadPass, following: AheadPass | None) -> list[Tokens | Done]:
         token, stats = ahead.read()
-        _count_step(sequence, stats.since(self._cache_stats), 1)
+        work = stats.since(self._cache_stats)
+        _count_step(sequence, work, 1)
         self._cache_stats = stats
         sequence.ahead = None
-        events = self._emit(sequence, [token], 0, None)
+        spec = None
+        if sequence.speculator:  # the pass's input joins the drafter's context, as a plain verify's would
+            sequence.drafter.commit([sequence.token], ahead.features)
+            read_at = time.perf_counter()
+            # from the last read (or its queueing, if later): a plain step's cost while passes run back to back
+            spec = _spec_step(sequence, 1, 0, work, self.model.experts,
+                              read_at - max(ahead.queued_at, sequence.read_at))
+            sequence.read_at = read_at
+        events = self._emit(sequence, [token], 0, spec)
         if sequence.request_id in self.sequences:
             sequence.ahead = following
         elif following is not None:  # it ended at a stop token: the pass queued after it is nobody's
@@ -237,7 +246,25 @@ def _count_step(sequence: Sequence, work: CacheStats, batch_size: int) -> None:
     sequence.batched_with += batch_size
 
 
-def _spec_step(size: int, kept: int, step: CacheStats, experts) -> SpecStep:
+def _runs_ahead(sequence: Sequence) -> bool:
+    """Whether a lone sequence's next step is a pass run ahead of the host (or the read of one queued)."""
+    if not sequence.runner.runs_ahead:
+        return False
+    if sequence.speculator is None or sequence.ahead is not None:
+        return True
+    return sequence.sizer is not None and sequence.sizer.holds_plain()
+
+
+def _spec_step(sequence: Sequence, size: int, kept: int, step: CacheStats, experts,
+               seconds: float | None) -> SpecStep | None:
+    """A speculative sequence's step of `size` positions, `kept` drafts, recorded (the policy learns from its
+    `seconds` unless None) -> its event's spec; None for a plain sequence."""
+    if sequence.speculator is None:
+        return None
+    if sequence.sizer and seconds is not None:
+        sequence.sizer.record(size, kept, seconds, step.bytes_fetched / experts.store.expert_bytes)
+    sequence.block_sizes.append(size)
+    sequence.accepted.append(kept)
     return SpecStep(
         block_size=size,
         accepted=kept,

@@ -86,12 +86,15 @@ class StepRunner:
         counts its work on the device alone, and the pass needs no host work."""
         return self.run_ahead and self.model.experts.complete
 
-    def run_on_device(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Commits `tokens` [T] (long, on the device, maybe not yet computed): -> logits [T, V]."""
+    def run_on_device(self, tokens: torch.Tensor, capture: tuple[int, ...] = ()
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Commits `tokens` [T] (long, on the device, maybe not yet computed): -> logits [T, V], features [T, F]
+        or None."""
         assert self.runs_ahead
-        logits = self.program(len(tokens)).run_on_device(tokens)
+        program = self.program(len(tokens), capture)
+        logits = program.run_on_device(tokens)
         self.model.experts.settle()
-        return logits
+        return logits, program.features
 
     def program(self, num_tokens: int, capture: tuple[int, ...] = ()) -> DecodeGraph | SegmentedDecode | EagerPass:
         key = (num_tokens, capture)

@@ -98,8 +98,7 @@ class BlockSizer:
     def choose(self, room: int) -> int:
         """room ≥ 1."""
         self._uniform_fetches = None
-        holding = self.policy_said_plain and self.plain_streak < self.probe_after and self.plain_streak % RECHECK_EVERY
-        if room == 1 or holding:
+        if room == 1 or self.holds_plain():
             return 1
         self.policy_said_plain = False
         self._uniform_fetches = self._expected_fetches(room)
@@ -119,6 +118,12 @@ class BlockSizer:
         else:
             self.probes = 0
         return size
+
+    def holds_plain(self, steps: int = 0) -> bool:
+        """Whether `choose` returns 1 without a look at the policy after `steps` more plain steps: in a plain
+        streak such steps are known in advance, so they may run ahead of the host."""
+        streak = self.plain_streak + steps
+        return self.policy_said_plain and streak < self.probe_after and streak % RECHECK_EVERY != 0
 
     def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
         """What the step chosen last did: drafts kept, wall time, experts copied to the device."""

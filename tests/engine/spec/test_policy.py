@@ -1,10 +1,12 @@
 """The cost-aware block size: the pure policy on hand-computed cases, and the running statistics that
 feed it (steps timed by the test, so every decision is deterministic)."""
 
+import itertools
+
 import pytest
 
 from app.engine.spec.policy import StepCosts, choose_block_size, expected_fetches, expected_tokens
-from app.engine.spec.sizer import PROBE_AFTER, BlockSizer
+from app.engine.spec.sizer import PROBE_AFTER, RECHECK_EVERY, BlockSizer
 
 FREE_FETCHES = [0.0] * 8
 
@@ -105,3 +107,24 @@ def test_the_sizer_learns_the_cost_of_fetching_experts(offloaded_target):
             sizer.record(size, accepted=min(size - 1, 2), seconds=0.010 + per_fetch * copies, fetched=copies)
     assert slow.costs.costs().fetch_s == pytest.approx(0.004, rel=0.15)  # the prior (a fast link) pulls a little
     assert slow.choose(6) < fast.choose(6)
+
+
+def test_holds_plain_foretells_the_plain_steps_chosen_without_a_look_at_the_policy(offloaded_target):
+    """A step foretold plain may run ahead of the host, so `holds_plain(k)` must never promise a plain step
+    where `choose` would look again (a recheck every RECHECK_EVERY steps, or a probe)."""
+    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6, warmed_up={1, 2})
+    foretold = {}  # step index -> whether it was foretold plain, from the steps before it
+    looks = []  # steps whose choice looked at the policy
+    for index in range(3 * PROBE_AFTER):
+        for ahead in range(3):
+            if sizer.holds_plain(ahead):
+                foretold[index + ahead] = True
+        holding = sizer.holds_plain()
+        size = sizer.choose(6)
+        if not holding:
+            looks.append(index)
+        assert not foretold.get(index) or (holding and size == 1)
+        sizer.record(size, accepted=0, seconds=0.010 if size == 1 else 0.015, fetched=0)
+    assert sum(foretold.values()) > 2 * PROBE_AFTER  # most plain steps are known in advance
+    assert any(b - a == RECHECK_EVERY for a, b in itertools.pairwise(looks))  # but the rechecks are not
+    assert len(looks) < 3 * PROBE_AFTER / 4
