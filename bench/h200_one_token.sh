@@ -19,7 +19,8 @@
 #                                          # glm-4.7-flash)
 #   bash bench/h200_one_token.sh spec      # speculation on gpt-oss-20b fully resident (bench/spec_decode.py: off and the
 #                                          # cost-aware policy at ACCEPTANCE, 0.6,0.9) in BASE's tree and this one,
-#                                          # alternating for ROUNDS (2), then the speculation and run-ahead CUDA tests
+#                                          # alternating for ROUNDS (2); gpt-oss-20b's 4-layer verify of 8 positions
+#                                          # and decode step profiled; the speculation and run-ahead CUDA tests
 # Results land in $OUT (the machine keeps nothing).
 set -uo pipefail
 phase=${1:?kernels, registers, decode, mla, targets, profiles or spec}
@@ -122,6 +123,10 @@ if [ "$phase" = spec ]; then
         --prompt 256 --new 256 --repeats 2 --fractions 1.0 --acceptance "${ACCEPTANCE:-0.6,0.9}" --blocks "" \
         --folder /tmp/spec 2>&1 | tee "$out/spec-decode-20b-$name-$round.log" | grep -v '^{' | sed "s/^/$name $round: /")
     done
+  done
+  for tokens in 8 1; do
+    timeout 100 python3 bench/profile_decode_step.py "$out/profile-gpt-oss-20b-tokens-$tokens.json" --model gpt-oss-20b \
+      --layers 4 --tokens "$tokens" --folder /tmp/g20-4 2>&1 | tee "$out/profile-gpt-oss-20b-tokens-$tokens.log" | head -20
   done
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/spec/test_spec_cuda.py tests/engine/test_cuda.py \
     tests/engine/test_runs_ahead.py tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1

@@ -2,7 +2,7 @@
 (`glm`), GLM-4.7-Flash (MLA attention, bf16) or gpt-oss-20b.
 
     python bench/profile_decode_step.py OUT.json [--model glm|glm-4.7-flash|gpt-oss-20b] [--layers 4] [--prompt 512]
-        [--steps 20]
+        [--steps 20] [--tokens 1]
 
 Fully resident, the decode step is one CUDA graph (cuda_graph.DecodeGraph) and runs well below the HBM floor
 (bench/NOTES.md): this says which kernels fill it. The checkpoint is bench/decode_glm.py's or
@@ -10,7 +10,8 @@ bench/decode_gpt_oss.py's (published shapes, random dense weights) with --layers
 per-layer figure alike. Written: the graph step's wall time per token; per kernel name the GPU time per token
 summed over the eager step's launches (torch.profiler; the same kernels the graph replays), longest first; and
 the launches per layer: the eager step's launches less those of a step over the first half of the layers, per
-layer of the other half.
+layer of the other half. With --tokens T > 1 the pass is a speculative verify of T positions, and every figure is
+per pass, not per token.
 """
 
 import argparse
@@ -47,11 +48,11 @@ def write_checkpoint(folder: Path, model: str, layers: int) -> str:
     return f"synthetic {model if glm is None else glm[0]}, {layers} layers"
 
 
-def eager_kernels(model, cache, steps: int) -> list[tuple[str, float, float]]:
-    """(kernel name, GPU µs per token, launches per token) of eager decode steps, longest first."""
+def eager_kernels(model, cache, steps: int, tokens: int = 1) -> list[tuple[str, float, float]]:
+    """(kernel name, GPU µs per pass, launches per pass) of eager passes over `tokens` positions, longest first."""
     def eager_step(token: int) -> None:
-        model.forward(torch.tensor([token], device=model.device), cache)
-        cache.truncate(cache.length - 1)  # every step at the same position
+        model.forward(torch.arange(token, token + tokens, device=model.device), cache)
+        cache.truncate(cache.length - tokens)  # every step at the same position
 
     eager_step(0)
     torch.cuda.synchronize()
@@ -72,34 +73,35 @@ def main() -> None:
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--folder", help="where the checkpoint is (written there first if it is not)")
+    parser.add_argument("--tokens", type=int, default=1, help="positions a pass commits (a verify's block)")
     args = parser.parse_args()
     folder = Path(args.folder or tempfile.mkdtemp(prefix=f"{args.model}-", dir="/tmp"))
     description = write_checkpoint(folder, args.model, args.layers)
-    context = args.prompt + 2 * args.steps + 8
+    context = args.prompt + (2 * args.steps + 8) * args.tokens
     loaded = load_model(ModelFolder.open(folder), device="cuda", dtype="bfloat16", context=context)
     model = loaded.model
     cache = model.new_kv_cache(context)
     prefill(model, cache, list(range(100, 100 + args.prompt)))
-    graph = DecodeGraph(model, cache)
+    graph = DecodeGraph(model, cache, num_tokens=args.tokens)
     for token in range(3):
-        graph.step(token)
+        graph.run(list(range(token, token + args.tokens)))
     torch.cuda.synchronize()
     started = time.perf_counter()
     for token in range(args.steps):
-        graph.step(token)
+        graph.run(list(range(token, token + args.tokens)))
     torch.cuda.synchronize()
     graph_s = (time.perf_counter() - started) / args.steps
 
-    per_token = eager_kernels(model, cache, args.steps)
+    per_token = eager_kernels(model, cache, args.steps, args.tokens)
     launches = sum(n for _, _, n in per_token)
     all_layers, half = model.layers, args.layers // 2
     model.layers = all_layers[:half]
-    launches_of_half = sum(n for _, _, n in eager_kernels(model, cache, args.steps))
+    launches_of_half = sum(n for _, _, n in eager_kernels(model, cache, args.steps, args.tokens))
     model.layers = all_layers
     total_us = sum(us for _, us, _ in per_token)
     report = {
         "command": " ".join(sys.argv), "machine": machine(), "model": description,
-        "prompt": args.prompt, "dense_fp8_kept": loaded.facts.fp8_kept,
+        "prompt": args.prompt, "tokens_per_pass": args.tokens, "dense_fp8_kept": loaded.facts.fp8_kept,
         "graph_step_us": graph_s * 1e6, "graph_step_us_per_layer": graph_s * 1e6 / args.layers,
         "eager_kernel_us_per_token": total_us, "eager_launches_per_token": launches,
         "launches_per_layer": (launches - launches_of_half) / (args.layers - half),

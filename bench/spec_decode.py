@@ -16,7 +16,8 @@ a one-token step and a verify block flip near-tied argmaxes, the continuation le
 agrees with, and the forced acceptance is lost to numerics. Its experts are zeros in a sparse file (copy and
 kernel times do not depend on the values; writing 12 GB of random bytes would cost a minute of GPU time).
 The expert slots are the same with and without speculation; the drafter's device bytes are reported beside
-them. `--blocks ""` runs the cost-aware policy and spec off only.
+them, and so is one draft's time (`drafter_pass_ms`: a block drafted after the prompt). `--blocks ""` runs the
+cost-aware policy and spec off only.
 """
 
 import argparse
@@ -138,11 +139,29 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
             result["spec"].append(entry)
             print(json.dumps({"fraction": fraction, **{k: v for k, v in entry.items() if not isinstance(v, dict)}}),
                   flush=True)
+    result["drafter_pass_ms"] = drafter_pass_s(speculation, context, len(ids), Sampler(greedy, model.device)) * 1e3
     if on_gpu:  # target, drafter, expert slots, verify and drafter graph pools, every run's caches
         result["memory_bytes"] = memory
         result["max_memory_allocated_bytes"] = peak
         result["within_budget_plus_drafter"] = peak <= budget + result["drafter_device_bytes"]
     return result
+
+
+def drafter_pass_s(speculation: DFlashSpeculation, context: int, committed: int, sampler: Sampler,
+                   repeats: int = 20) -> float:
+    """One draft of a whole block after `committed` positions (its CUDA graph where there is one), the host's
+    read of the drafts included: the drafter's share of a speculative step."""
+    proposer = speculation.new_drafter(context)
+    drafter = speculation.drafter
+    width = len(proposer.target_layers) * drafter.config.hidden_size
+    proposer.commit(list(range(committed)), torch.zeros(committed, width, dtype=drafter.dtype, device=drafter.device))
+    proposer.propose(0, proposer.block_size - 1, sampler)  # takes the context in; warms up
+    started = time.perf_counter()
+    for _ in range(repeats):
+        proposer.propose(0, proposer.block_size - 1, sampler)
+    seconds = (time.perf_counter() - started) / repeats
+    speculation.release(proposer)
+    return seconds
 
 
 def allocated_since(base: int) -> int:
