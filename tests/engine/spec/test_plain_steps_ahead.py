@@ -4,7 +4,6 @@ generation with every step waiting for its token. Steps are timed by the test (a
 tokens win), so the policy's decisions are the same in both runs."""
 
 import pytest
-import torch
 
 from app.engine.generation.ahead import AheadPass
 from app.engine.generation.sampling import Sampler, SamplingParams
@@ -12,7 +11,7 @@ from app.engine.runner.step_runner import StepRunner
 from app.engine.spec.dflash import DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.engine.spec.sizer import PROBE_AFTER, BlockSizer
-from tests.engine.spec.test_speculative_generate import PROMPTS, VOCAB, plain, run
+from tests.engine.spec.test_speculative_generate import PROMPTS, VOCAB, one_pass_caches, plain, run
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
 
 NEW_TOKENS = PROBE_AFTER + 16  # past the first probe
@@ -88,12 +87,7 @@ def test_features_of_steps_run_ahead_reach_the_drafter(resident_target, speculat
     proposer = drafter.inner
     committed = ids + tokens[:-1]
     assert cache.length == len(committed)
-    with torch.inference_mode():
-        fresh = resident_target.new_kv_cache(len(committed))
-        _, features = resident_target.forward(torch.tensor(committed), fresh, capture=proposer.target_layers)
-        proposer.propose(tokens[-1], 1, Sampler(SamplingParams(), torch.device("cpu")))  # adds pending context
-        context = speculation.drafter.new_context_cache(len(committed))
-        speculation.drafter.add_context(features, context)
+    _, context = one_pass_caches(resident_target, speculation, proposer, committed, tokens[-1])
     assert proposer.context.length == len(committed)
     for name, buffer in proposer.context.buffers.items():
         assert (buffer[:, : len(committed)] - context.buffers[name]).abs().max() <= 1e-4, name

@@ -138,17 +138,24 @@ def test_rewinds_leave_the_target_and_drafter_caches_as_one_pass_over_the_commit
     assert 0 in kept and 3 in kept  # some blocks were cut short and rewound
     committed = ids + tokens[:-1]
     assert cache.length == len(committed)
-    with torch.inference_mode():
-        fresh = resident_target.new_kv_cache(len(committed))
-        _, features = resident_target.forward(torch.tensor(committed), fresh, capture=proposer.target_layers)
-        proposer.propose(tokens[-1], 1, Sampler(SamplingParams(), torch.device("cpu")))  # adds pending context
-        context = speculation.drafter.new_context_cache(len(committed))
-        speculation.drafter.add_context(features, context)
+    fresh, context = one_pass_caches(resident_target, speculation, proposer, committed, tokens[-1])
     for name, buffer in cache.buffers.items():
         assert (buffer[:, : len(committed)] - fresh.buffers[name]).abs().max() <= 1e-4, name
     assert proposer.context.length == len(committed)
     for name, buffer in proposer.context.buffers.items():
         assert (buffer[:, : len(committed)] - context.buffers[name]).abs().max() <= 1e-4, name
+
+
+def one_pass_caches(target, speculation, proposer, committed: list[int], anchor: int):
+    """-> (the target's KV cache, the drafter's context) after one pass over `committed`; first `proposer` takes in
+    its pending context (a draft from `anchor`)."""
+    with torch.inference_mode():
+        fresh = target.new_kv_cache(len(committed))
+        _, features = target.forward(torch.tensor(committed), fresh, capture=proposer.target_layers)
+        proposer.propose(anchor, 1, Sampler(SamplingParams(), torch.device("cpu")))
+        context = speculation.drafter.new_context_cache(len(committed))
+        speculation.drafter.add_context(features, context)
+    return fresh, context
 
 
 def test_each_step_reports_its_block_and_which_tokens_were_drafts(offloaded_target, speculation, references):
