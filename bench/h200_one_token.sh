@@ -128,8 +128,9 @@ if [ "$phase" = spec ]; then
     timeout 100 python3 bench/profile_decode_step.py "$out/profile-gpt-oss-20b-tokens-$tokens.json" --model gpt-oss-20b \
       --layers 4 --tokens "$tokens" --folder /tmp/g20-4 2>&1 | tee "$out/profile-gpt-oss-20b-tokens-$tokens.log" | head -20
   done
-  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/spec/test_spec_cuda.py tests/engine/test_cuda.py \
-    tests/engine/test_runs_ahead.py tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1
+  # the spec folder's files together: apart, the device's pytest did not load its conftest for the later one
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_runs_ahead.py \
+    tests/engine/spec/test_spec_cuda.py tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1
   echo "pytest exit status $?" >> "$out/cuda-tests-spec.log"
   tail -4 "$out/cuda-tests-spec.log"
   exit 0
