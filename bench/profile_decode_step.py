@@ -54,11 +54,17 @@ def eager_kernels(model, cache, steps: int, tokens: int = 1) -> list[tuple[str, 
         model.forward(torch.arange(token, token + tokens, device=model.device), cache)
         cache.truncate(cache.length - tokens)  # every step at the same position
 
-    eager_step(0)
+    return kernel_table(eager_step, steps)
+
+
+def kernel_table(run, steps: int) -> list[tuple[str, float, float]]:
+    """(kernel name, GPU µs per call, launches per call) of `run(0 … steps - 1)` after one warm-up call, longest
+    first."""
+    run(0)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        for token in range(steps):
-            eager_step(token)
+        for step in range(steps):
+            run(step)
         torch.cuda.synchronize()
     kernels = [event for event in trace.key_averages() if event.device_time_total > 0]
     return sorted(((event.key, event.device_time_total / steps, event.count / steps) for event in kernels),

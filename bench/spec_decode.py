@@ -16,8 +16,8 @@ a one-token step and a verify block flip near-tied argmaxes, the continuation le
 agrees with, and the forced acceptance is lost to numerics. Its experts are zeros in a sparse file (copy and
 kernel times do not depend on the values; writing 12 GB of random bytes would cost a minute of GPU time).
 The expert slots are the same with and without speculation; the drafter's device bytes are reported beside
-them, and so is one draft's time (`drafter_pass_ms`: a block drafted after the prompt). `--blocks ""` runs the
-cost-aware policy and spec off only.
+them, and so is one draft's time (`drafter_pass_ms`: a block drafted after the prompt; on a GPU its kernels,
+`drafter_pass_kernels`). `--blocks ""` runs the cost-aware policy and spec off only.
 """
 
 import argparse
@@ -42,6 +42,7 @@ from app.model_folder import ModelFolder
 from app.plan import ModelFacts
 from app.protocol.events import Done, Tokens
 from bench.decode_gpt_oss import REAL_SIZES, SHAPES, copy_bandwidths, cpu_machine, expert_budget, machine
+from bench.profile_decode_step import kernel_table
 from tests.fixtures.agreeing_drafter import AgreeingDrafter
 from tests.fixtures.tiny_dflash import write_tiny_dflash
 from tests.fixtures.tiny_gpt_oss import write_tiny_gpt_oss
@@ -139,7 +140,10 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
             result["spec"].append(entry)
             print(json.dumps({"fraction": fraction, **{k: v for k, v in entry.items() if not isinstance(v, dict)}}),
                   flush=True)
-    result["drafter_pass_ms"] = drafter_pass_s(speculation, context, len(ids), Sampler(greedy, model.device)) * 1e3
+    seconds, kernels = drafter_pass(speculation, context, len(ids), Sampler(greedy, model.device))
+    result["drafter_pass_ms"] = seconds * 1e3
+    if on_gpu:
+        result["drafter_pass_kernels"] = [{"name": name[:160], "us": us, "launches": n} for name, us, n in kernels]
     if on_gpu:  # target, drafter, expert slots, verify and drafter graph pools, every run's caches
         result["memory_bytes"] = memory
         result["max_memory_allocated_bytes"] = peak
@@ -147,10 +151,11 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
     return result
 
 
-def drafter_pass_s(speculation: DFlashSpeculation, context: int, committed: int, sampler: Sampler,
-                   repeats: int = 20) -> float:
+def drafter_pass(speculation: DFlashSpeculation, context: int, committed: int, sampler: Sampler,
+                 repeats: int = 20) -> tuple[float, list[tuple[str, float, float]]]:
     """One draft of a whole block after `committed` positions (its CUDA graph where there is one), the host's
-    read of the drafts included: the drafter's share of a speculative step."""
+    read of the drafts included: the drafter's share of a speculative step. On a GPU also the kernels of the same
+    draft run eagerly (`kernel_table`: the ones its graph replays), else none."""
     proposer = speculation.new_drafter(context)
     drafter = speculation.drafter
     width = len(proposer.target_layers) * drafter.config.hidden_size
@@ -160,8 +165,12 @@ def drafter_pass_s(speculation: DFlashSpeculation, context: int, committed: int,
     for _ in range(repeats):
         proposer.propose(0, proposer.block_size - 1, sampler)
     seconds = (time.perf_counter() - started) / repeats
+    kernels = []
+    if drafter.device.type == "cuda":
+        block = torch.full((proposer.block_size,), drafter.config.mask_token_id, device=drafter.device)
+        kernels = kernel_table(lambda _: drafter.draft(block, proposer.context), repeats)
     speculation.release(proposer)
-    return seconds
+    return seconds, kernels
 
 
 def allocated_since(base: int) -> int:
@@ -273,6 +282,11 @@ def main() -> None:
         print(f"{row['budget_fraction']:>7.2f} {row['acceptance']:>4.1f} {row['off_tok_s']:>8.1f} "
               f"{row['cost_aware_tok_s']:>8.1f} {row['best_fixed_tok_s']:>8.1f} (B{row['best_fixed_block']}) "
               f"{row['cost_aware_over_off']:>8.2f} {row['cost_aware_over_best_fixed']:>9.2f} {row['all_tokens_match']}")
+    for run in report["runs"]:
+        print(f"drafter pass {run['drafter_pass_ms']:.2f} ms at budget {run['budget_fraction_of_routed_experts']:.2f}; "
+              f"eager kernels {sum(k['us'] for k in run.get('drafter_pass_kernels', [])):.0f} us:")
+        for kernel in run.get("drafter_pass_kernels", [])[:12]:
+            print(f"{kernel['us']:9.1f} us {kernel['launches']:5.1f}x  {kernel['name'][:100]}")
 
 
 if __name__ == "__main__":
