@@ -18,7 +18,8 @@
 #                                          # tree and this one, alternating for ROUNDS (2), of PROFILE_MODELS (glm
 #                                          # glm-4.7-flash)
 #   bash bench/h200_one_token.sh spec      # speculation on gpt-oss-20b fully resident (bench/spec_decode.py: off and the
-#                                          # cost-aware policy at ACCEPTANCE, 0.6,0.9) in BASE's tree and this one,
+#                                          # cost-aware policy at ACCEPTANCE, 0.6,0.9; fixed BLOCKS, none) in BASE's
+#                                          # tree and this one,
 #                                          # alternating for ROUNDS (2); gpt-oss-20b's 4-layer verify of 8 positions
 #                                          # and decode step profiled; the speculation and run-ahead CUDA tests
 # Results land in $OUT (the machine keeps nothing).
@@ -120,7 +121,7 @@ if [ "$phase" = spec ]; then
     for tree in /tmp/base "$PWD"; do
       name=$([ "$tree" = "$PWD" ] && echo after || echo before)
       (cd "$tree" && timeout 150 python3 bench/spec_decode.py "$out/spec-decode-20b-$name-$round.json" --model 20b \
-        --prompt 256 --new 256 --repeats 2 --fractions 1.0 --acceptance "${ACCEPTANCE:-0.6,0.9}" --blocks "" \
+        --prompt 256 --new 256 --repeats 2 --fractions 1.0 --acceptance "${ACCEPTANCE:-0.6,0.9}" --blocks "${BLOCKS:-}" \
         --folder /tmp/spec 2>&1 | tee "$out/spec-decode-20b-$name-$round.log" | grep -v '^{' | sed "s/^/$name $round: /")
     done
   done
@@ -130,7 +131,8 @@ if [ "$phase" = spec ]; then
   done
   # the spec folder's files together: apart, the device's pytest did not load its conftest for the later one
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_runs_ahead.py \
-    tests/engine/spec/test_spec_cuda.py tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1
+    tests/kernels/test_gpt_oss_experts_cuda.py tests/engine/spec/test_spec_cuda.py \
+    tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1
   echo "pytest exit status $?" >> "$out/cuda-tests-spec.log"
   tail -4 "$out/cuda-tests-spec.log"
   exit 0

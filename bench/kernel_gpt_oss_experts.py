@@ -4,7 +4,7 @@
 
 32 experts sit in cache slots (H = W = 2880), each token routes to 4 of them; T = 1, 4, 16, 128,
 256 tokens; MXFP4 and bf16 weights. MXFP4 at T <= 16 also runs the matrix-unit path (what decode took
-before the CUDA-core products), at 1 < T <= 16 the one-token float16-pair programs, and a sweep of CUDA-core
+before the CUDA-core products, and verify blocks before the float16-pair programs) and a sweep of CUDA-core
 configurations. Each case is first checked
 against the float32 torch reference (fresh random inputs with skipped picks, poisoned allocations),
 then timed:
@@ -34,8 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script 
 
 from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
 from app.kernels.gpt_oss_experts_triton import (
-    HALF_PAIRS_DOWN_ROWS,
-    HALF_PAIRS_ROWS,
     LaunchConfig,
     Tiles,
     half_pairs_config,
@@ -279,12 +277,9 @@ def main(out_path: str, token_counts: list[int], formats: list[str], tile_sweeps
         arenas = make_arenas(mxfp4)
         report["expert_bytes_" + fmt] = expert_bytes(arenas)
         configs = [(tokens, None) for tokens in token_counts]
-        if mxfp4:  # decode on matrix units, as before the CUDA-core products, and T = 1 before the half pairs;
-            # verify blocks in the one-token float16-pair programs (one program row per pair: a shared expert is
-            # read once per pair, from L2 where its pairs' programs run together)
+        if mxfp4:  # decode and verify blocks on matrix units, as before the CUDA-core products, and T = 1 before
+            # the half pairs
             configs += [(t, matrix_unit_config(t * PICKS, mxfp4)) for t in token_counts if t * PICKS <= 64]
-            configs += [(t, half_pairs_config(HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS)) for t in token_counts
-                        if t > 1 and t * PICKS <= 64]
             configs += [(1, FLOAT32_PRODUCTS)] if 1 in token_counts else []
         if tile_sweeps:
             sweep = report["sweeps"][fmt + "_tiles_T1"] = sweep_tiles(arenas, mxfp4)

@@ -4,9 +4,9 @@ Pairs (token, pick) are grouped into tiles that share an expert (expert_tiles.py
 expert's weights once, from wherever its row of an address table (expert_table.py) points: a cache slot,
 or page-locked host memory read over PCIe in place; MXFP4 is dequantized on the fly (`tl.dot_scaled`).
 Weights are the M side of each product (out^T = W @ x^T), so the token side of a tile can be as small as 16.
-At decode (a few pairs per tile) MXFP4 products run on CUDA cores instead (mxfp4_cuda_cores.py): no matrix
-unit, one or two pairs per tile; with bf16 activations and one pair per tile (the single-token step) in float16
-pairs, two weights per instruction, with no tiles at all (gpt_oss_experts_half_pairs.py).
+At decode and in verify blocks (a few pairs per expert) MXFP4 products run on CUDA cores instead
+(mxfp4_cuda_cores.py): no matrix unit, one or two pairs per tile; with bf16 activations and one pair per tile (the
+default) in float16 pairs, two weights per instruction, with no tiles at all (gpt_oss_experts_half_pairs.py).
 
 - gate_up: biases and the clamped SwiGLU in the epilogue -> activations [P, W], in sorted order.
 - down: bias and routing weight in the epilogue -> one float32 row per pick [P, H].
@@ -36,10 +36,11 @@ from app.kernels.gpt_oss_experts_half_pairs import clamped_swiglu, run_in_half_p
 from app.kernels.mxfp4_cuda_cores import X_SCALE, group_major, mxfp4_rows_times_inputs
 from app.kernels.pick_rows import PickRows
 
-# MXFP4 launches of at most this many (token, pick) pairs take the CUDA-core products: on the H200 they beat the
-# matrix units at T = 1 (kernels 68-71 us against 81) and lose at T = 4 (233 against 193: a pair per tile reads a
-# shared expert twice), bench/NOTES.md
-CUDA_CORE_PAIRS = 4
+# MXFP4 launches of at most this many (token, pick) pairs (verify blocks of up to 16 tokens) take the float16-pair
+# programs, one pair per program: a shared expert is read once per pair, mostly from L2, where its pairs' programs
+# run together. On the H100 (graphs, 32 experts of gpt-oss-20b, bench/NOTES.md) T = 2 / 4 / 8 / 16 took 44 / 71 /
+# 121 / 225 us in them against 136 / 208 / 309 / 410 on the matrix units
+CUDA_CORE_PAIRS = 64
 # one pair per program; bf16 activations in float16 pairs, one-warp programs of 2 rows for gate_up and 4 for down:
 # 15.8 + 8.7 us on the H200 at T = 1 (2 rows both 15.7 + 9.6, 8 rows / 4 warps 17.9 + 10.4, bench/NOTES.md)
 HALF_PAIRS_ROWS, HALF_PAIRS_DOWN_ROWS = 2, 4

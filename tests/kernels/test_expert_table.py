@@ -11,7 +11,7 @@ from app.kernels import glu_experts_triton, gpt_oss_experts_triton
 from app.kernels.expert_table import _address_kernel, device_addresses, slot_table
 from app.kernels.glu_experts import glu_experts_torch
 from app.kernels.gpt_oss_experts import gpt_oss_experts_torch
-from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles
+from app.kernels.gpt_oss_experts_triton import LaunchConfig, Tiles, matrix_unit_config
 from tests.kernels.poison import poisoned_allocations
 from tests.kernels.test_glu_experts_triton import FORMATS
 from tests.kernels.test_glu_experts_triton import random_arenas as random_glu_arenas
@@ -40,7 +40,7 @@ def mixed_table(sources: dict[str, torch.Tensor], slots: dict[str, torch.Tensor]
 GPT_OSS_CASES = [
     (1, True, None, torch.float32),  # the CUDA-core products (one token)
     (1, True, None, torch.bfloat16),  # the float16-pair products (one token, the decode step's)
-    (5, True, None, torch.float32),  # the matrix units
+    (5, True, matrix_unit_config(20, True), torch.float32),  # the matrix units (prefill's, past 16 tokens)
     (5, False, None, torch.float32),
     (3, True, LaunchConfig(2, Tiles(64, 64), Tiles(32, 64), cuda_cores=True), torch.float32),
 ]

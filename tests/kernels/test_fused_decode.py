@@ -44,14 +44,14 @@ def test_fused_decode_steps_match_the_torch_path(checkpoint, monkeypatch):
     torch.testing.assert_close(fused, reference, rtol=1e-4, atol=1e-4)
 
 
-def test_gpt_oss_one_token_experts_take_their_inputs_from_the_norm(tiny_gpt_oss, monkeypatch):
-    """bf16: each one-token step's post-attention norm also gives the MXFP4 experts their float16 pairs, and the
-    logits are those of the experts converting the norm themselves."""
+def test_gpt_oss_few_token_experts_take_their_inputs_from_the_norm(tiny_gpt_oss, monkeypatch):
+    """bf16: the post-attention norm of each pass of up to 16 tokens also gives the MXFP4 experts their float16
+    pairs, and the logits are those of the experts converting the norm themselves."""
     norms = []
     monkeypatch.setattr(gpt_oss, "add_rms_norm_half_pairs",
                         lambda *args: norms.append(1) or add_rms_norm_half_pairs(*args))
     tokens, logits = greedy_logits(tiny_gpt_oss, 3, "bfloat16")
-    assert len(norms) == 2 * 4  # the two one-token steps' 4 layers; the prompt's 6 tokens take the matrix units
+    assert len(norms) == 3 * 4  # the 4 layers of the prompt's pass (6 tokens) and of the two one-token steps
     monkeypatch.setattr(ExpertCache, "takes_hidden_pairs", lambda *args: False)
     converting_tokens, converting = greedy_logits(tiny_gpt_oss, 3, "bfloat16")
     assert tokens == converting_tokens and torch.equal(logits, converting)

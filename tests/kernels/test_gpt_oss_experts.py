@@ -203,7 +203,8 @@ def test_only_the_float16_pair_programs_take_hidden_in_half_pairs():
     mxfp4, dense = random_arenas(2, True, generator), random_arenas(2, False, generator)
     assert takes_hidden_pairs(4, torch.bfloat16, mxfp4)
     assert not takes_hidden_pairs(4, torch.float32, mxfp4)  # float32 products
-    assert not takes_hidden_pairs(8, torch.bfloat16, mxfp4)  # the matrix units
+    assert takes_hidden_pairs(64, torch.bfloat16, mxfp4)  # a verify block of 16 tokens
+    assert not takes_hidden_pairs(65, torch.bfloat16, mxfp4)  # the matrix units
     assert not takes_hidden_pairs(4, torch.bfloat16, dense)
 
 
@@ -218,9 +219,9 @@ def test_half_pairs_scale_by_a_power_of_two_into_pair_order():
     assert (pairs.float().abs().amax(dim=1) < 2**14).all() and (pairs.float().abs().amax(dim=1) >= 2**13).all()
 
 
-def test_one_token_takes_the_cuda_core_products_and_more_the_matrix_units():
-    assert pick_config(1 * 4, mxfp4=True).cuda_cores
-    assert not pick_config(2 * 4, mxfp4=True).cuda_cores and not pick_config(4, mxfp4=False).cuda_cores
+def test_up_to_a_verify_block_of_16_tokens_takes_the_cuda_core_products_and_more_the_matrix_units():
+    assert pick_config(1 * 4, mxfp4=True).half_pairs and pick_config(16 * 4, mxfp4=True).half_pairs
+    assert not pick_config(17 * 4, mxfp4=True).cuda_cores and not pick_config(4, mxfp4=False).cuda_cores
 
 
 def test_long_inputs_run_in_chunks_of_pairs(monkeypatch):

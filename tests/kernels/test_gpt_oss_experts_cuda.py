@@ -1,6 +1,6 @@
 """The compiled Triton GPT-OSS experts on a GPU, at gpt-oss's widths, against the float32 torch reference;
-both product paths (CUDA cores at decode, matrix units beyond) and the op captured in a CUDA graph. Skipped
-without a CUDA device (see conftest.py)."""
+both product paths (CUDA cores at decode and in verify blocks, matrix units beyond) and the op captured in a CUDA
+graph. Skipped without a CUDA device (see conftest.py)."""
 
 import pytest
 import torch
