@@ -38,8 +38,9 @@ def expected_fetches(missing_per_layer: Sequence[int], num_experts: int, top_k: 
     return [locality * missing * num_experts * (1 - untouched**block) for block in range(1, max_block + 1)]
 
 
-def choose_block_size(acceptance: Sequence[float], fetches: Sequence[float], costs: StepCosts) -> int:
-    """fetches[B - 1]: experts a step of B positions is predicted to copy."""
+def choose_block_size(acceptance: Sequence[float], fetches: Sequence[float], costs: StepCosts,
+                      smallest: int = 1) -> int:
+    """fetches[B - 1]: experts a step of B positions is predicted to copy; B ≥ `smallest` (2: the best verify)."""
     tokens = expected_tokens(acceptance[: len(fetches) - 1])
-    rates = [tokens[b - 1] / max(costs.step_seconds(b, fetches[b - 1]), 1e-12) for b in range(1, len(tokens) + 1)]
-    return 1 + max(range(len(rates)), key=rates.__getitem__)
+    sizes = range(min(smallest, len(tokens)), len(tokens) + 1)
+    return max(sizes, key=lambda b: tokens[b - 1] / max(costs.step_seconds(b, fetches[b - 1]), 1e-12))

@@ -13,8 +13,9 @@ from app.plan import Hardware
 FADE = 0.95  # weight of the past per new observation: acceptance and cache state move with the text
 PRIOR_ACCEPTANCE = 0.5  # for the first draft position before any verify; later positions start at the one before
 PRIOR_WEIGHT = 2.0  # observations' worth of the prior
-PROBE_AFTER = 32  # plain steps in a row, at least, then one block of 2 checks whether drafting pays again
-                  # (the wait doubles after every probe that changes nothing)
+PROBE_AFTER = 32  # plain steps in a row, at least, then one verify checks whether drafting pays again: the
+                  # block that would pay most (a block of 2 saw one draft, and at an estimate held low by the
+                  # prior never paid); the wait doubles after every probe that changes nothing
 PROBE_SHARE = 0.02  # a probe's extra cost over a plain step, as a share of the plain steps it waits for
 RECHECK_EVERY = 8  # plain steps in a row between two looks at the policy
 FETCH_BANDWIDTH = {"cuda": Hardware().link_bps, "cpu": 10e9}  # bytes/s before steps are timed; on CPU a memcpy
@@ -106,15 +107,16 @@ class BlockSizer:
             return min(2, room)  # the cheapest verify: at a small budget a long one fetches many experts
         if not self.timed["single"]:
             return 1
+        fetches = [self.locality * f for f in self._uniform_fetches]
+        costs, rates = self.costs.costs(), self.acceptance.rates()
         if self.plain_streak >= self.probe_after:
             self.probes += 1
-            return 2
-        fetches = [self.locality * f for f in self._uniform_fetches]
-        costs = self.costs.costs()
-        size = choose_block_size(self.acceptance.rates(), fetches, costs)
+            return choose_block_size(rates, fetches, costs, smallest=2)
+        size = choose_block_size(rates, fetches, costs)
         self.policy_said_plain = size == 1
         if size == 1:
-            self.probe_after = _probe_gap(costs, fetches) * 2**self.probes
+            probe = choose_block_size(rates, fetches, costs, smallest=2)
+            self.probe_after = _probe_gap(costs, fetches, probe) * 2**self.probes
         else:
             self.probes = 0
         return size
@@ -149,8 +151,8 @@ class BlockSizer:
         return expected_fetches(missing, store.num_experts, self.top_k, room, 1.0)
 
 
-def _probe_gap(costs: StepCosts, fetches: list[float]) -> int:
-    """Plain steps before a probe (a block of 2) such that its extra cost is `PROBE_SHARE` of theirs."""
+def _probe_gap(costs: StepCosts, fetches: list[float], probe: int) -> int:
+    """Plain steps before a probe (a block of `probe`) such that its extra cost is `PROBE_SHARE` of theirs."""
     plain = max(costs.step_seconds(1, fetches[0]), 1e-9)
-    extra = costs.step_seconds(2, fetches[1]) - plain
+    extra = costs.step_seconds(probe, fetches[probe - 1]) - plain
     return max(PROBE_AFTER, math.ceil(extra / plain / PROBE_SHARE))

@@ -74,7 +74,7 @@ def test_held_plain_steps_run_ahead_and_change_nothing(resident_target, speculat
     assert [step.spec for step in steps] == [step.spec for step in in_turn[1]]  # the same blocks, hits, kept
     assert done.stats.spec.block_sizes == in_turn[2].stats.spec.block_sizes
     sizes = done.stats.spec.block_sizes
-    assert sizes.count(1) > NEW_TOKENS / 2 and 2 in sizes[PROBE_AFTER:]  # held plain, then a probe
+    assert sizes.count(1) > NEW_TOKENS / 2 and max(sizes[PROBE_AFTER:]) > 1  # held plain, then a probe
     assert reads.count(1) > sizes.count(1) / 2  # most plain steps were read with the next pass queued
 
 
@@ -83,7 +83,7 @@ def test_features_of_steps_run_ahead_reach_the_drafter(resident_target, speculat
     ids = PROMPTS[3]
     tokens, _, done, cache, drafter = speculate(resident_target, speculation, ids, references[tuple(ids)], 0.2)
     assert reads.count(1) > PROBE_AFTER / 2
-    assert 2 in done.stats.spec.block_sizes[PROBE_AFTER:]  # the probe's draft used the context built ahead
+    assert max(done.stats.spec.block_sizes[PROBE_AFTER:]) > 1  # the probe's draft used the context built ahead
     proposer = drafter.inner
     committed = ids + tokens[:-1]
     assert cache.length == len(committed)

@@ -49,6 +49,16 @@ def test_a_cheap_plain_step_beats_a_verify_that_costs_more_than_its_tokens():
     assert choose_block_size([0.95] * 7, FREE_FETCHES, costs) == 8
 
 
+def test_the_best_verify_is_the_block_of_most_tokens_a_second_among_blocks_of_two_or_more():
+    fetching = StepCosts(single_s=1.0, verify_s=1.0, position_s=0.0, fetch_s=1.0)
+    # tokens 1.3, 1.39 over seconds 3, 5: past B = 2 more positions' experts cost more than their tokens
+    assert choose_block_size([0.3] * 4, [0.0, 2.0, 4.0, 6.0, 8.0], fetching) == 1
+    assert choose_block_size([0.3] * 4, [0.0, 2.0, 4.0, 6.0, 8.0], fetching, smallest=2) == 2
+    dear = StepCosts(single_s=1.0, verify_s=3.0, position_s=0.0, fetch_s=0.0)
+    assert choose_block_size([0.5] * 7, FREE_FETCHES, dear) == 1
+    assert choose_block_size([0.5] * 7, FREE_FETCHES, dear, smallest=2) == 8
+
+
 def test_the_room_left_caps_the_block():
     costs = StepCosts(single_s=1.0, verify_s=1.0, position_s=0.0, fetch_s=0.0)
     assert choose_block_size([0.9] * 7, [0.0] * 3, costs) == 3
@@ -65,11 +75,11 @@ def test_the_sizer_times_both_kinds_of_step_then_follows_what_it_measured(offloa
     assert sizer.choose(3) == 3  # but no more than the room left
 
 
-@pytest.mark.parametrize("verify_s, gap", [(0.015, PROBE_AFTER), (0.020, 50)])
-def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(verify_s, gap, offloaded_target):
+@pytest.mark.parametrize("verify_s, gap", [(0.015, PROBE_AFTER), (0.0199, 50)])
+def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(verify_s, gap, resident_target):
     """A probe waits for at least PROBE_AFTER plain steps, and for as many as make its extra cost
-    PROBE_SHARE of theirs (a verify twice a plain step: 1 / 0.02 = 50 steps); the next waits twice as long."""
-    sizer = BlockSizer(offloaded_target.experts, top_k=2, max_block=6, warmed_up={1, 2})
+    PROBE_SHARE of theirs (a verify 1.99 plain steps: 0.99 / 0.02 -> 50 steps); the next waits twice as long."""
+    sizer = BlockSizer(resident_target.experts, top_k=2, max_block=6, warmed_up={1, 2})
 
     def step() -> int:
         size = sizer.choose(6)
@@ -79,9 +89,21 @@ def test_the_sizer_stops_drafting_when_nothing_is_kept_and_probes_again_later(ve
     # warm sizes, but the first verify follows the prompt: the second is timed, then a plain step
     assert [step() for _ in range(4)] == [2, 2, 1, 1]
     choices = [step() for _ in range(gap - 2 + 1)]
-    assert choices.count(2) == 1 and choices[-1] == 2  # one probe after a streak of plain steps
+    assert choices.count(1) == len(choices) - 1 and choices[-1] > 1  # one probe after a streak of plain steps
     later = [step() for _ in range(2 * gap + 1)]
-    assert later.count(2) == 1 and later[-1] == 2
+    assert later.count(1) == len(later) - 1 and later[-1] > 1
+
+
+def test_a_probe_verifies_the_block_that_would_pay_most(resident_target):
+    """Every draft kept, but a verify costs eight plain steps: plain steps, then a probe of the longest block (one
+    of 2 would see a single draft), as further positions cost nothing more."""
+    sizer = BlockSizer(resident_target.experts, top_k=2, max_block=6, warmed_up={1, 2, 6})
+    for size in (2, 2, 6, 6, 1, 1):
+        sizer.choose(6)
+        sizer.record(size, accepted=size - 1, seconds=0.080 if size > 1 else 0.010, fetched=0)
+    while (size := sizer.choose(6)) == 1:
+        sizer.record(1, accepted=0, seconds=0.010, fetched=0)
+    assert sizer.plain_streak >= PROBE_AFTER and size == 6
 
 
 def test_a_verify_after_the_prompt_or_plain_steps_is_not_timed(offloaded_target):
