@@ -142,12 +142,11 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
                   flush=True)
     seconds, kernels = drafter_pass(speculation, context, len(ids), Sampler(greedy, model.device))
     result["drafter_pass_ms"] = seconds * 1e3
-    if on_gpu:
-        result["drafter_pass_kernels"] = [{"name": name[:160], "us": us, "launches": n} for name, us, n in kernels]
     if on_gpu:  # target, drafter, expert slots, verify and drafter graph pools, every run's caches
         result["memory_bytes"] = memory
         result["max_memory_allocated_bytes"] = peak
         result["within_budget_plus_drafter"] = peak <= budget + result["drafter_device_bytes"]
+        result["drafter_pass_kernels"] = [{"name": name[:160], "us": us, "launches": n} for name, us, n in kernels]
     return result
 
 
@@ -283,9 +282,10 @@ def main() -> None:
               f"{row['cost_aware_tok_s']:>8.1f} {row['best_fixed_tok_s']:>8.1f} (B{row['best_fixed_block']}) "
               f"{row['cost_aware_over_off']:>8.2f} {row['cost_aware_over_best_fixed']:>9.2f} {row['all_tokens_match']}")
     for run in report["runs"]:
+        kernels = run.get("drafter_pass_kernels", [])
         print(f"drafter pass {run['drafter_pass_ms']:.2f} ms at budget {run['budget_fraction_of_routed_experts']:.2f}; "
-              f"eager kernels {sum(k['us'] for k in run.get('drafter_pass_kernels', [])):.0f} us:")
-        for kernel in run.get("drafter_pass_kernels", [])[:12]:
+              f"eager kernels {sum(k['us'] for k in kernels):.0f} us:")
+        for kernel in kernels[:12]:
             print(f"{kernel['us']:9.1f} us {kernel['launches']:5.1f}x  {kernel['name'][:100]}")
 
 
