@@ -131,7 +131,7 @@ if [ "$phase" = spec ]; then
   done
   # the spec folder's files together: apart, the device's pytest did not load its conftest for the later one
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py tests/engine/test_runs_ahead.py \
-    tests/kernels/test_gpt_oss_experts_cuda.py tests/engine/spec/test_spec_cuda.py \
+    tests/kernels/test_gpt_oss_experts_cuda.py tests/kernels/test_decode_layer_cuda.py tests/engine/spec/test_spec_cuda.py \
     tests/engine/spec/test_plain_steps_ahead.py > "$out/cuda-tests-spec.log" 2>&1
   echo "pytest exit status $?" >> "$out/cuda-tests-spec.log"
   tail -4 "$out/cuda-tests-spec.log"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from app.engine.layers.ops import attend, causal_mask
-from app.kernels.decode_attention import decode_attention, decode_attention_torch
+from app.kernels.decode_attention import decode_attention, decode_attention_torch, takes_queries
 from tests.kernels.poison import poisoned_allocations
 
 CAPACITY, HEADS, KV_HEADS, DIM = 150, 8, 2, 16
@@ -48,6 +48,32 @@ def test_decode_attention_matches_reference(position, window, with_sinks):
 def test_groups_that_are_not_powers_of_two_across_key_heads(heads, kv_heads, position, window):
     q, keys, values, sinks = random_case(torch.float32, position, heads, kv_heads)
     assert_matches_reference_and_engine(q, keys, values, position, sinks, window)
+
+
+# a verify block: each query sees the keys up to its own position (the block's later rows masked, a window's start
+# moving with it); blocks that start at 0, inside a step, across steps and windows, at the last row; 8 key heads x
+# 16 tokens fill the kernel's 128 rows
+@pytest.mark.parametrize(("tokens", "last", "kv_heads"), [(3, 2, 2), (5, 40, 2), (8, 70, 2), (16, 149, 1)])
+@pytest.mark.parametrize("window", [None, 16])
+def test_a_block_of_queries_sees_up_to_each_own_position(tokens, last, kv_heads, window):
+    heads = HEADS if kv_heads == 2 else 8
+    q, keys, values, sinks = random_case(torch.float32, last, heads, kv_heads)
+    q = torch.randn(tokens, heads, DIM, generator=torch.Generator().manual_seed(last))
+    at = torch.arange(last - tokens + 1, last + 1)
+    assert takes_queries(tokens, heads, kv_heads)
+    with poisoned_allocations():
+        out = decode_attention(q, keys, values, at, DIM**-0.5, sinks, window)
+    assert out.shape == (tokens, heads, DIM)
+    torch.testing.assert_close(out, decode_attention_torch(q, keys, values, at, DIM**-0.5, sinks, window),
+                               rtol=1e-5, atol=1e-6)
+    seen = slice(0, last + 1)
+    engine = attend(q, keys[seen], values[seen], causal_mask(at, last + 1, window), DIM**-0.5, sinks=sinks)
+    torch.testing.assert_close(out, engine, rtol=1e-5, atol=1e-6)
+
+
+def test_blocks_past_the_kernels_rows_are_left_to_the_engine():
+    assert takes_queries(16, 64, 8) and not takes_queries(17, 64, 8)  # gpt-oss: 8 query heads a key head
+    assert takes_queries(10, 96, 8) and not takes_queries(11, 96, 8)  # GLM-4.5-Air: 12
 
 
 def test_decode_attention_in_bfloat16():

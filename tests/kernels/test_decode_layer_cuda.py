@@ -163,6 +163,20 @@ def test_decode_attention(dtype, position, window):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tokens", "last"), [(2, 1), (8, 300), (16, CAPACITY - 1)])
+@pytest.mark.parametrize("window", [None, 128])
+def test_decode_attention_of_a_verify_block(dtype, tokens, last, window):
+    """gpt-oss's heads, a block of queries each seeing up to its own position."""
+    q = torch.randn(tokens, HEADS, DIM, device="cuda").to(dtype)
+    keys, values = (torch.randn(CAPACITY, KV_HEADS, DIM, device="cuda").to(dtype) for _ in range(2))
+    sinks = torch.randn(HEADS, device="cuda").to(dtype)
+    at = torch.arange(last - tokens + 1, last + 1, device="cuda")
+    out = decode_attention(q, keys, values, at, DIM**-0.5, sinks, window)
+    want = decode_attention_torch(q, keys, values, at, DIM**-0.5, sinks, window)
+    torch.testing.assert_close(out, want, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("position", [0, 31, 511, 4000])
 @pytest.mark.parametrize(("latent", "rope"), [(512, 64), (32, 8)], ids=["glm-4.7-flash", "tiny"])
 def test_latent_decode_attention(dtype, position, latent, rope):

@@ -15,7 +15,7 @@ from app.engine.layers.rope import Rotary
 from app.engine.models.moe_decoder import MoeDecoder
 from app.engine.weights.checkpoint import Checkpoint
 from app.kernels.choice import triton_runs
-from app.kernels.decode_attention import decode_attention
+from app.kernels.decode_attention import decode_attention, takes_queries
 from app.kernels.gpt_oss_experts import gpt_oss_expert_op
 from app.kernels.norms import add_rms_norm_half_pairs, add_rms_norm_op, rms_norm
 from app.kernels.pick_rows import PickRows
@@ -24,8 +24,8 @@ from app.kernels.router import top_k_router_op, top_k_router_slots_op
 
 
 class AttentionContext(NamedTuple):
-    """A pass's positions [T], masks per window (None: full attention) [T, L] (none for a single token where the
-    decode attention kernel runs), cos and sin [T, head_dim / 2] of its positions."""
+    """A pass's positions [T], masks per window (None: full attention) [T, L] (none for a token or a verify block
+    where the decode attention kernel runs), cos and sin [T, head_dim / 2] of its positions."""
 
     positions: torch.Tensor
     masks: dict[int | None, torch.Tensor]
@@ -201,7 +201,10 @@ class GptOss(MoeDecoder):
         return self._route(layer, rms_norm(embedded, layer["post_norm"], self.config.rms_norm_eps))[0]
 
     def _attends_in_kernel(self, num_tokens: int) -> bool:
-        return num_tokens == 1 and self.decode_attention is not None
+        """One token or a verify block (up to 16 tokens) where the kernel runs."""
+        c = self.config
+        return self.decode_attention is not None and takes_queries(num_tokens, c.num_attention_heads,
+                                                                   c.num_key_value_heads)
 
     def _attention(self, index, layer, x, context: AttentionContext, cache: KVCache) -> torch.Tensor:
         c = self.config
