@@ -33,7 +33,8 @@ def run_top_k_router(
         split = split_launch(x, experts, picked, slot_row, uses)
         _split_router_kernel[split.grid](
             x, weight, *split.buffers, bias, picked, weights, *split.slot_pointers, tokens, hidden, experts,
-            **split.constants, **choice, num_warps=4, **dependent_launch(x.device),
+            **split.constants, **choice, BLOCK_T=triton.next_power_of_2(tokens), num_warps=4,
+            **dependent_launch(x.device),
         )
         return picked, weights, split.slots
     assert slot_row is None, "slots are looked up at decode"
@@ -49,19 +50,21 @@ def run_top_k_router(
 def _split_router_kernel(x_ptr, weight_ptr, shares_ptr, arrivals_ptr, bias_ptr, picked_ptr, weights_ptr,
                          slot_row_ptr, uses_ptr, slots_ptr, tokens, hidden, experts, BLOCK_E: tl.constexpr,
                          BLOCK_H: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr,
-                         HAS_SLOTS: tl.constexpr, PDL: tl.constexpr):
-    """The program's shares, then, in the program that arrives last, the choice for every token (and one token's
-    slots)."""
+                         BLOCK_T: tl.constexpr, HAS_SLOTS: tl.constexpr, PDL: tl.constexpr):
+    """The program's shares, then, in the program that arrives last, the choice for every token at once (a verify
+    block's tokens in turn took 16 us a layer at T = 8 on the H100, against 5 at T = 1; bench/NOTES.md) and one
+    token's slots."""
     after_earlier_kernels(PDL)
     product_shares(x_ptr, weight_ptr, shares_ptr, tokens, hidden, experts, BLOCK_E, BLOCK_H)
     if arrives_last(arrivals_ptr):
+        token = tl.arange(0, BLOCK_T)
         expert = tl.arange(0, BLOCK_EXPERTS)
-        for token in range(tokens):
-            logits = tl.zeros((BLOCK_EXPERTS,), tl.float32)
-            for share in range(tl.num_programs(1)):
-                logits += tl.load(shares_ptr + (share * tokens + token) * experts + expert, mask=expert < experts,
-                                  other=0.0, cache_modifier=".cg")
-            _choose(logits, bias_ptr, picked_ptr, weights_ptr, token, experts, K, BLOCK_K, BLOCK_EXPERTS)
+        inside = (token < tokens)[:, None] & (expert < experts)[None, :]
+        logits = tl.zeros((BLOCK_T, BLOCK_EXPERTS), tl.float32)
+        for share in range(tl.num_programs(1)):
+            logits += tl.load(shares_ptr + (share * tokens + token[:, None]) * experts + expert[None, :],
+                              mask=inside, other=0.0, cache_modifier=".cg")
+        _choose(logits, bias_ptr, picked_ptr, weights_ptr, token, tokens, experts, K, BLOCK_K, BLOCK_EXPERTS)
         if HAS_SLOTS:
             tl.debug_barrier()  # the picks just stored, read back by every thread
             look_up_slots(slot_row_ptr, picked_ptr, uses_ptr, slots_ptr, experts + 1, K, BLOCK_K)
@@ -86,29 +89,33 @@ def _top_k_router_kernel(
         w = tl.load(weight_ptr + expert[:, None] * hidden + columns[None, :],
                     mask=expert_ok[:, None] & inside[None, :], other=0.0).to(tl.float32)
         acc += w * x[None, :]
-    _choose(tl.sum(acc, axis=1), bias_ptr, picked_ptr, weights_ptr, token, experts, K, BLOCK_K, BLOCK_EXPERTS)
+    products = tl.reshape(tl.sum(acc, axis=1), (1, BLOCK_EXPERTS))
+    _choose(products, bias_ptr, picked_ptr, weights_ptr, token + tl.arange(0, 1), token + 1, experts, K, BLOCK_K,
+            BLOCK_EXPERTS)
 
 
 @triton.jit
-def _choose(products, bias_ptr, picked_ptr, weights_ptr, token, experts, K: tl.constexpr, BLOCK_K: tl.constexpr,
-            BLOCK_EXPERTS: tl.constexpr):
-    """One token's k largest logits (products [BLOCK_EXPERTS] float32 plus the bias; ties go to the lower expert)
-    and the softmax over them."""
+def _choose(products, bias_ptr, picked_ptr, weights_ptr, token, tokens, experts, K: tl.constexpr,
+            BLOCK_K: tl.constexpr, BLOCK_EXPERTS: tl.constexpr):
+    """Each row's k largest logits (products [R, BLOCK_EXPERTS] float32 plus the bias; ties go to the lower expert)
+    and the softmax over them, for the tokens token [R] below `tokens`."""
     expert = tl.arange(0, BLOCK_EXPERTS)
     expert_ok = expert < experts
+    token_ok = token < tokens
     bias = tl.load(bias_ptr + expert, mask=expert_ok, other=0.0).to(tl.float32)
     # rounded to x's dtype, as the reference's product is, so that both pick among the same values
-    logits = (products + bias).to(weights_ptr.dtype.element_ty).to(tl.float32)
-    logits = tl.where(expert_ok, logits, float("-inf"))
+    logits = (products + bias[None, :]).to(weights_ptr.dtype.element_ty).to(tl.float32)
+    logits = tl.where(expert_ok[None, :], logits, float("-inf"))
     slot = tl.arange(0, BLOCK_K)
-    top = tl.full((BLOCK_K,), float("-inf"), tl.float32)
+    top = tl.full((products.shape[0], BLOCK_K), float("-inf"), tl.float32)
     for pick in tl.static_range(K):
-        largest = tl.max(logits, axis=0)
-        chosen = tl.min(tl.where(logits == largest, expert, BLOCK_EXPERTS), axis=0)
-        tl.store(picked_ptr + token * K + pick, chosen.to(tl.int64))
-        top = tl.where(slot == pick, largest, top)
-        logits = tl.where(expert == chosen, float("-inf"), logits)
+        largest = tl.max(logits, axis=1)
+        chosen = tl.min(tl.where(logits == largest[:, None], expert[None, :], BLOCK_EXPERTS), axis=1)
+        tl.store(picked_ptr + token * K + pick, chosen.to(tl.int64), mask=token_ok)
+        top = tl.where(slot[None, :] == pick, largest[:, None], top)
+        logits = tl.where(expert[None, :] == chosen[:, None], float("-inf"), logits)
     # the first pick is the largest: the softmax's shift
-    exps = tl.exp(top - tl.max(top, axis=0))
-    tl.store(weights_ptr + token * K + slot, (exps / tl.sum(exps, axis=0)).to(weights_ptr.dtype.element_ty),
-             mask=slot < K)
+    exps = tl.exp(top - tl.max(top, axis=1)[:, None])
+    tl.store(weights_ptr + token[:, None] * K + slot[None, :],
+             (exps / tl.sum(exps, axis=1)[:, None]).to(weights_ptr.dtype.element_ty),
+             mask=token_ok[:, None] & (slot < K)[None, :])

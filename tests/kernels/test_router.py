@@ -8,11 +8,13 @@ from tests.kernels.poison import poisoned_allocations
 
 
 # up to 16 tokens (decode) the product is split over programs of 16 experts by 256 inputs (router_shares_triton.py):
-# GPT-OSS-20B's router (2880 inputs, 32 experts: 12 shares, the last partial), 60 experts (a partial block), 128;
+# GPT-OSS-20B's router (2880 inputs, 32 experts: 12 shares, the last partial; 8 tokens: a verify block, chosen at
+# once by the last program), 60 experts (a partial block; 16 tokens, the most split), 128;
 # past 16 tokens one program per token loops over the inputs in steps (1024 at 32 experts, 512 at 60 padded to 64),
 # the last one partial
 @pytest.mark.parametrize("tokens, hidden, experts, k", [
-    (1, 96, 32, 4), (3, 200, 24, 4), (2, 64, 128, 3), (2, 2880, 32, 4), (1, 1000, 60, 6),
+    (1, 96, 32, 4), (3, 200, 24, 4), (2, 64, 128, 3), (2, 2880, 32, 4), (1, 1000, 60, 6), (8, 2880, 32, 4),
+    (16, 200, 60, 6),
     (17, 2880, 32, 4), (20, 1000, 60, 6),
 ])
 def test_top_k_router_matches_reference(tokens, hidden, experts, k):
