@@ -18,13 +18,19 @@ def takes_queries(num_tokens: int, heads: int, kv_heads: int) -> bool:
     return num_tokens * (heads // kv_heads) <= MAX_QUERY_ROWS
 
 
+def takes_head_dim(dim: int) -> bool:
+    """Whether the kernels take heads of `dim` dims (powers of two from 16)."""
+    return dim >= 16 and dim & (dim - 1) == 0
+
+
 def decode_attention_torch(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float,
     sinks: torch.Tensor | None, window: int | None,
 ) -> torch.Tensor:
     """q [T, Hq, dk], keys [C, Hkv, dk], values [C, Hkv, dv] (rows past the last position ignored), position [T]
-    (each query's row, consecutive), sinks [Hq] -> [T, Hq, dv] in q's dtype. Key j is seen by the query at p when
-    j <= p (and p - j < window). MLA passes its latent rows as keys and their first kv_lora_rank columns as values."""
+    (each query's row, non-decreasing: a verify block's consecutive rows, or a drafted block's last row for all),
+    sinks [Hq] -> [T, Hq, dv] in q's dtype. Key j is seen by the query at p when j <= p (and p - j < window). MLA
+    passes its latent rows as keys and their first kv_lora_rank columns as values."""
     groups = q.shape[1] // keys.shape[1]
     distance = position[:, None] - torch.arange(keys.shape[0], device=q.device)
     visible = (distance >= 0) & (distance < window if window is not None else True)  # [T, C]

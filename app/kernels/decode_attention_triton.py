@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.decode_attention import takes_queries
+from app.kernels.decode_attention import takes_head_dim, takes_queries
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import INTERPRETED
 
@@ -35,14 +35,14 @@ def run_decode_attention(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: torch.Tensor, scale: float,
     sinks: torch.Tensor | None, window: int | None,
 ) -> torch.Tensor:
-    """q [T, Hq, d + r], keys [C, Hkv, d + r], values [C, Hkv, d], position [T] (consecutive), sinks [Hq] ->
+    """q [T, Hq, d + r], keys [C, Hkv, d + r], values [C, Hkv, d], position [T] (non-decreasing), sinks [Hq] ->
     [T, Hq, d]; d a power of two of 16 or more (a tensor-core product's), r 0 or a power of two (MLA's rope
     columns); values may be the keys' first d columns (`keys[..., :d]`); T x Hq / Hkv at most MAX_QUERY_ROWS."""
     tokens, heads, key_dim = q.shape
     kv_heads, dim = keys.shape[1], values.shape[2]
     rope = key_dim - dim
-    assert takes_queries(tokens, heads, kv_heads) and position.shape == (tokens,)
-    assert heads % kv_heads == 0 and dim >= 16 and is_power_of_two(dim)
+    assert takes_queries(tokens, heads, kv_heads) and position.shape == (tokens,) and position.is_contiguous()
+    assert heads % kv_heads == 0 and takes_head_dim(dim)
     assert rope == 0 or is_power_of_two(rope)
     assert keys.shape[1:] == (kv_heads, key_dim) and values.shape[:2] == keys.shape[:2]
     assert keys.stride(2) == values.stride(2) == 1 and keys.stride(1) == key_dim, "rows of contiguous heads"

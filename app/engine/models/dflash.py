@@ -15,7 +15,9 @@ from app.engine.layers.ops import attend, silu_glu
 from app.engine.layers.rope import Rotary
 from app.engine.weights.checkpoint import Checkpoint
 from app.errors import UserError
-from app.kernels.rotary_cache import rotate_halves
+from app.kernels.choice import triton_runs
+from app.kernels.decode_attention import decode_attention, takes_head_dim, takes_queries
+from app.kernels.rotary_cache import rotary_cache_write, rotary_cache_write_torch
 from app.model_folder import ModelFolder
 from app.plan import dtype_bytes
 
@@ -122,20 +124,25 @@ class DFlashDrafter:
         self.layers = []
         for i in range(c.num_hidden_layers):
             p = f"layers.{i}."
+            # queries, keys and values in one product, as the rotary kernel takes them; context rows take the
+            # keys' and values' rows of it
+            qkv = torch.cat([load(p + f"self_attn.{name}_proj.weight", (rows * head_dim, hidden))
+                             for name, rows in (("q", heads), ("k", kv_heads), ("v", kv_heads))])
             self.layers.append({
                 "input_norm": load(p + "input_layernorm.weight", (hidden,), keep_float32=True),
                 "post_norm": load(p + "post_attention_layernorm.weight", (hidden,), keep_float32=True),
-                "q": load(p + "self_attn.q_proj.weight", (heads * head_dim, hidden)),
-                "k": load(p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden)),
-                "v": load(p + "self_attn.v_proj.weight", (kv_heads * head_dim, hidden)),
+                "qkv": qkv,
+                "kv": qkv[heads * head_dim:],
                 "o": load(p + "self_attn.o_proj.weight", (hidden, heads * head_dim)),
-                "q_norm": load(p + "self_attn.q_norm.weight", (head_dim,), keep_float32=True),
-                "k_norm": load(p + "self_attn.k_norm.weight", (head_dim,), keep_float32=True),
+                "head_norms": torch.stack([load(p + f"self_attn.{name}_norm.weight", (head_dim,), keep_float32=True)
+                                           for name in ("q", "k")]),
                 "gate": load(p + "mlp.gate_proj.weight", (c.intermediate_size, hidden)),
                 "up": load(p + "mlp.up_proj.weight", (c.intermediate_size, hidden)),
                 "down": load(p + "mlp.down_proj.weight", (hidden, c.intermediate_size)),
             })
         self.rotary = Rotary(head_dim, c.rope_theta, c.rope_scaling, self.device)
+        self.in_kernels = triton_runs(self.device) and takes_head_dim(head_dim)  # else the torch references
+        self.rotary_write = rotary_cache_write if self.in_kernels else rotary_cache_write_torch
 
     def new_context_cache(self, capacity: int) -> KVCache:
         c = self.config
@@ -144,41 +151,51 @@ class DFlashDrafter:
 
     def add_context(self, features: torch.Tensor, cache: KVCache) -> None:
         """features [N, K·H]: the target layers' outputs at the next positions."""
+        c = self.config
         context = self._norm(features.to(self.dtype) @ self.fc.T, self.hidden_norm)
-        cos, sin = self.rotary.cos_sin(cache.positions(len(context)), self.dtype)
+        positions = cache.positions(len(context))
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)
         for index, layer in enumerate(self.layers):
-            k, v = self._keys_values(layer, context, cos, sin)
-            cache.update(index, "k", k)
-            cache.update(index, "v", v)
+            kv = (context @ layer["kv"].T).unflatten(-1, (2 * c.num_key_value_heads, c.head_dim))
+            self._write_keys_values(index, layer, kv, cos, sin, positions, cache)
         cache.advance(len(context))
 
     def draft(self, block_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """block_ids [B] (anchor, then mask tokens) -> float32 logits [B - 1, V] for positions 1 … B - 1; the
         cache is left as it was."""
         c = self.config
-        positions = cache.positions(len(block_ids))
+        tokens, heads, kv_heads = len(block_ids), c.num_attention_heads, c.num_key_value_heads
+        positions = cache.positions(tokens)
         cos, sin = self.rotary.cos_sin(positions, self.dtype)
+        # every query sees the whole context and the whole block (bidirectional); rows past the block are stale
+        # (graphs): the kernel masks each query past the position given for it, here the block's last
+        in_kernel = self.in_kernels and takes_queries(tokens, heads, kv_heads)
+        rows = cache.num_rows(tokens)
+        seen_up_to = positions[-1:].repeat(tokens)
+        visible = None if in_kernel else (torch.arange(rows, device=self.device) <= positions[-1]).expand(tokens, -1)
         h, mlp_output = self.target.embed[block_ids], None
         for index, layer in enumerate(self.layers):
             h, x = self._add_norm(h, mlp_output, layer["input_norm"])  # the layer before's MLP added here
-            q = (x @ layer["q"].T).unflatten(-1, (c.num_attention_heads, c.head_dim))
-            q = rotate_halves(self._norm(q, layer["q_norm"]), cos, sin)
-            k, v = self._keys_values(layer, x, cos, sin)
-            keys, values = cache.update(index, "k", k), cache.update(index, "v", v)
-            # the whole context and the whole block (bidirectional); rows past the block are stale (graphs)
-            visible = (torch.arange(len(keys), device=self.device) <= positions[-1]).expand(len(block_ids), -1)
-            attended = attend(q, keys, values, visible, c.head_dim**-0.5).flatten(-2) @ layer["o"].T
-            h, x = self._add_norm(h, attended, layer["post_norm"])
+            qkv = (x @ layer["qkv"].T).unflatten(-1, (heads + 2 * kv_heads, c.head_dim))
+            q, keys, values = self._write_keys_values(index, layer, qkv, cos, sin, positions, cache)
+            if in_kernel:
+                out = decode_attention(q, keys, values, seen_up_to, c.head_dim**-0.5, None, None)
+            else:
+                out = attend(q, keys[:rows], values[:rows], visible, c.head_dim**-0.5)
+            h, x = self._add_norm(h, out.flatten(-2) @ layer["o"].T, layer["post_norm"])
             mlp_output = silu_glu(x, layer["gate"], layer["up"], layer["down"])
         h = self._add_norm(h, mlp_output, self.norm)[1][1:]
         return (h @ self.target.lm_head.T).float()
 
-    def _keys_values(self, layer, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [T, H] -> rotated, normed keys and values [T, kv_heads, head_dim]."""
-        c = self.config
-        k = (x @ layer["k"].T).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        v = (x @ layer["v"].T).unflatten(-1, (c.num_key_value_heads, c.head_dim))
-        return rotate_halves(self._norm(k, layer["k_norm"]), cos, sin), v
+    def _write_keys_values(self, index: int, layer: dict, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           positions: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """qkv [T, queries + 2 kv_heads, head_dim] (no queries: a context's rows) -> the queries normed and rotated;
+        the keys normed and rotated, and the values, written to the layer's rows `positions` of the cache, whose
+        buffers [capacity, kv_heads, head_dim] come back beside them."""
+        keys, values = cache.layer_rows(index, "k"), cache.layer_rows(index, "v")
+        q = self.rotary_write(qkv, cos, sin, positions, keys, values, None, layer["head_norms"],
+                              self.config.rms_norm_eps)
+        return q, keys, values
 
     def _add_norm(self, h: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor]:
