@@ -72,14 +72,20 @@ def write_checkpoints(folder: Path, model: str) -> tuple[Path, Path]:
 
 
 def tokens_and_stats(events) -> tuple[list[int], dict]:
-    """The tokens, and Done's stats as the CLI's --json gives them."""
-    tokens, done = [], None
+    """The tokens, and Done's stats as the CLI's --json gives them, with `step_ms`: each step after the first
+    token as (its block size, 1 for a plain one; milliseconds since the event before it)."""
+    tokens, done, steps = [], None, []
+    last = None
     for event in events:
+        now = time.perf_counter()
         if isinstance(event, Tokens):
+            if last is not None:
+                steps.append((event.spec.block_size if event.spec else 1, (now - last) * 1e3))
             tokens += event.token_ids
+            last = now
         elif isinstance(event, Done):
             done = event
-    return tokens, done.stats.as_dict()
+    return tokens, {**done.stats.as_dict(), "step_ms": steps}
 
 
 def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str, dtype: str,
@@ -134,6 +140,8 @@ def budget_runs(target: Path, drafter: Path, fraction: float, args, device: str,
                 tokens, stats = speculative(agreement, block_size, seed=repeat)
                 runs.append({**stats, "tokens_match": tokens == reference})
             entry = {"acceptance": agreement, "block_size": block_size or "cost-aware", **summarize(runs, facts)}
+            if block_size is None:  # the policy's steps in order: where its plain streaks wait and what probes cost
+                entry["step_ms"] = [[size, round(ms, 3)] for size, ms in median_run(runs)["step_ms"]]
             if on_gpu:
                 entry["memory"] = {"peak": torch.cuda.max_memory_allocated() - base, "after": allocated_since(base)}
                 peak = max(peak, entry["memory"]["peak"])
@@ -176,10 +184,14 @@ def allocated_since(base: int) -> int:
     return torch.cuda.memory_allocated() - base
 
 
+def median_run(runs: list[dict]) -> dict:
+    return sorted(runs, key=lambda r: r["decode_tok_s"])[(len(runs) - 1) // 2]
+
+
 def summarize(runs: list[dict], facts: ModelFacts) -> dict:
     """The median run by decode tok/s (the slower one of two), with every run's tok/s and, for
     speculation, what the steps did."""
-    run = sorted(runs, key=lambda r: r["decode_tok_s"])[(len(runs) - 1) // 2]
+    run = median_run(runs)
     cache, tokens = run["expert_cache"], max(run["decode_tokens"], 1)
     figures = {
         "decode_tok_s": run["decode_tok_s"],
@@ -189,6 +201,7 @@ def summarize(runs: list[dict], facts: ModelFacts) -> dict:
         "prefetch_coverage": cache["prefetch_coverage"],
         "prefetch_waste": cache["prefetch_waste"],
     }
+    figures["step_ms_by_block_size"] = step_times(run["step_ms"])
     if "spec" in run:
         spec = run["spec"]
         figures.update({
@@ -201,6 +214,14 @@ def summarize(runs: list[dict], facts: ModelFacts) -> dict:
             / len(facts.moe_layers),
         })
     return figures
+
+
+def step_times(steps: list[tuple[int, float]]) -> dict:
+    """Per block size: how many steps, their median and their total milliseconds (the events' spacing: a step's
+    host and device work, and for steps run ahead the interval between two reads)."""
+    sizes = sorted({size for size, _ in steps})
+    return {str(size): {"steps": len(times), "median_ms": statistics.median(times), "total_ms": sum(times)}
+            for size in sizes for times in [[ms for s, ms in steps if s == size]]}
 
 
 def verdicts(runs: list[dict]) -> list[dict]:
