@@ -17,7 +17,7 @@ PROBE_AFTER = 32  # plain steps in a row, at least, then one verify checks wheth
                   # block that would pay most (a block of 2 saw one draft, and at an estimate held low by the
                   # prior never paid); the wait doubles after every probe that changes nothing
 PROBE_SHARE = 0.02  # a probe's extra cost over a plain step, as a share of the plain steps it waits for
-RECHECK_EVERY = 8  # plain steps in a row between two looks at the policy
+RECHECK_EVERY = 8  # plain steps in a row between two looks at the policy (on the host: the streak runs on)
 FETCH_BANDWIDTH = {"cuda": Hardware().link_bps, "cpu": 10e9}  # bytes/s before steps are timed; on CPU a memcpy
 WARMED_UP: set[int] = set()  # block sizes some step of this process ran: their kernels are compiled, their
                              # libraries' workspaces allocated, so a later first step of that size is timed
@@ -122,10 +122,10 @@ class BlockSizer:
         return size
 
     def holds_plain(self, steps: int = 0) -> bool:
-        """Whether `choose` returns 1 without a look at the policy after `steps` more plain steps: in a plain
-        streak such steps are known in advance, so they may run ahead of the host."""
-        streak = self.plain_streak + steps
-        return self.policy_said_plain and streak < self.probe_after and streak % RECHECK_EVERY != 0
+        """Whether `choose` returns 1 without a look at the policy after `steps` more plain steps, as far as the
+        sizer knows now: in a plain streak such steps may run ahead of the host. The policy's rechecks in a streak
+        (`record`) need no step to finish first, so only a recheck that finds drafting pays ends the hold."""
+        return self.policy_said_plain and self.plain_streak + steps < self.probe_after
 
     def record(self, block_size: int, accepted: int, seconds: float, fetched: float) -> None:
         """What the step chosen last did: drafts kept, wall time, experts copied to the device."""
@@ -137,9 +137,17 @@ class BlockSizer:
         self.warmed_up.add(block_size)
         self.drafted_last = block_size > 1
         self.plain_streak = self.plain_streak + 1 if block_size == 1 else 0
+        if self.policy_said_plain and self.plain_streak % RECHECK_EVERY == 0:
+            self.policy_said_plain = self._policy_stays_plain()
         predicted = self._uniform_fetches[block_size - 1] if self._uniform_fetches else 0.0
         if predicted > 0:
             self.locality = FADE * self.locality + (1 - FADE) * fetched / predicted
+
+    def _policy_stays_plain(self) -> bool:
+        """The policy's verdict on the estimates the host holds, for a block as long as the drafter's."""
+        rates = self.acceptance.rates()
+        fetches = [self.locality * f for f in self._expected_fetches(len(rates) + 1)]
+        return choose_block_size(rates, fetches, self.costs.costs()) == 1
 
     def _expected_fetches(self, room: int) -> list[float]:
         """Before calibration by `locality`: what cache state and uniform routing predict."""
