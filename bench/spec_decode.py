@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -200,8 +201,8 @@ def summarize(runs: list[dict], facts: ModelFacts) -> dict:
         "bytes_fetched_per_token": cache["bytes_fetched"] / tokens,
         "prefetch_coverage": cache["prefetch_coverage"],
         "prefetch_waste": cache["prefetch_waste"],
+        "step_ms_by_block_size": step_times(run["step_ms"]),
     }
-    figures["step_ms_by_block_size"] = step_times(run["step_ms"])
     if "spec" in run:
         spec = run["spec"]
         figures.update({
@@ -219,9 +220,11 @@ def summarize(runs: list[dict], facts: ModelFacts) -> dict:
 def step_times(steps: list[tuple[int, float]]) -> dict:
     """Per block size: how many steps, their median and their total milliseconds (the events' spacing: a step's
     host and device work, and for steps run ahead the interval between two reads)."""
-    sizes = sorted({size for size, _ in steps})
+    by_size = defaultdict(list)
+    for size, ms in steps:
+        by_size[size].append(ms)
     return {str(size): {"steps": len(times), "median_ms": statistics.median(times), "total_ms": sum(times)}
-            for size in sizes for times in [[ms for s, ms in steps if s == size]]}
+            for size, times in sorted(by_size.items())}
 
 
 def verdicts(runs: list[dict]) -> list[dict]:
