@@ -18,9 +18,13 @@ def takes_queries(num_tokens: int, heads: int, kv_heads: int) -> bool:
     return num_tokens * (heads // kv_heads) <= MAX_QUERY_ROWS
 
 
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def takes_head_dim(dim: int) -> bool:
     """Whether the kernels take heads of `dim` dims (powers of two from 16)."""
-    return dim >= 16 and dim & (dim - 1) == 0
+    return dim >= 16 and is_power_of_two(dim)
 
 
 def decode_attention_torch(

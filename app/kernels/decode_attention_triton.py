@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from app.kernels.decode_attention import takes_head_dim, takes_queries
+from app.kernels.decode_attention import is_power_of_two, takes_head_dim, takes_queries
 from app.kernels.dependent_launch import after_earlier_kernels, dependent_launch
 from app.kernels.expert_tiles import INTERPRETED
 
@@ -25,10 +25,6 @@ PROGRAMS = 128  # key heads x shares of their keys: about one wave on the H200's
 JOIN_CHUNK = 16  # shares the join adds at a time
 JOIN_COLUMNS = 128  # a join program's output columns at the most
 MIN_GROUP = 16  # a tensor-core product's rows at the least: smaller groups are padded
-
-
-def is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def run_decode_attention(

@@ -107,7 +107,7 @@ class BlockSizer:
             return min(2, room)  # the cheapest verify: at a small budget a long one fetches many experts
         if not self.timed["single"]:
             return 1
-        fetches = [self.locality * f for f in self._uniform_fetches]
+        fetches = self._calibrated(self._uniform_fetches)
         costs, rates = self.costs.costs(), self.acceptance.rates()
         if self.plain_streak >= self.probe_after:
             self.probes += 1
@@ -146,8 +146,12 @@ class BlockSizer:
     def _policy_stays_plain(self) -> bool:
         """The policy's verdict on the estimates the host holds, for a block as long as the drafter's."""
         rates = self.acceptance.rates()
-        fetches = [self.locality * f for f in self._expected_fetches(len(rates) + 1)]
-        return choose_block_size(rates, fetches, self.costs.costs()) == 1
+        return choose_block_size(rates, self._calibrated(self._expected_fetches(len(rates) + 1)),
+                                 self.costs.costs()) == 1
+
+    def _calibrated(self, fetches: list[float]) -> list[float]:
+        """Uniform routing's expected fetches scaled to what steps really fetched."""
+        return [self.locality * f for f in fetches]
 
     def _expected_fetches(self, room: int) -> list[float]:
         """Before calibration by `locality`: what cache state and uniform routing predict."""
