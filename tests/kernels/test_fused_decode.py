@@ -10,6 +10,7 @@ from app.engine.experts.cache import ExpertCache
 from app.engine.loader import load_model
 from app.engine.models import gpt_oss
 from app.kernels.norms import add_rms_norm_half_pairs
+from app.kernels.pick_rows import PickRows
 from app.model_folder import ModelFolder
 from tests.fixtures.tiny_glm import write_tiny_glm
 
@@ -55,3 +56,22 @@ def test_gpt_oss_few_token_experts_take_their_inputs_from_the_norm(tiny_gpt_oss,
     monkeypatch.setattr(ExpertCache, "takes_hidden_pairs", lambda *args: False)
     converting_tokens, converting = greedy_logits(tiny_gpt_oss, 3, "bfloat16")
     assert tokens == converting_tokens and torch.equal(logits, converting)
+
+
+def test_gpt_oss_captured_features_are_the_layer_outputs(tiny_gpt_oss):
+    """bf16 on the fused kernels, where a layer's experts leave their picks' rows for the next norm to sum: the
+    features a pass captures for a drafter (taken from the next layer's norm) are each layer's output, its picks
+    summed as `sum_picks` sums them, within the last add's rounding (Triton's interpreter truncates to bf16)."""
+    model = load_model(ModelFolder.open(tiny_gpt_oss), device="cpu", dtype="bfloat16", context=32).model
+    ids, layers = torch.tensor(PROMPT), tuple(range(len(model.layers) - 1))
+    with torch.inference_mode():
+        _, features = model.forward(ids, model.new_kv_cache(32), capture=layers)
+        cache = model.new_kv_cache(32)
+        context = model.attention_context(len(ids), cache)
+        x, picks, outputs = model.embed[ids], None, []
+        for index in range(len(model.layers)):
+            x, routing = model.until_experts(index, x, context, cache, picks)
+            picks = model.routed_experts(index, routing)
+            assert isinstance(picks, PickRows)
+            outputs.append(x + picks.total(x.dtype))
+    torch.testing.assert_close(features, torch.cat(outputs[:-1], dim=-1), rtol=2**-7, atol=0)

@@ -73,10 +73,10 @@ class MoeDecoder:
         x, pending = self.embed[token_ids], None
         outputs = {}
         for index in range(len(self.layers)):
-            x, routing = self.until_experts(index, x, context, cache, pending)
+            x, normed = self.input_norm(index, x, pending)
+            _keep_output(outputs, capture, index - 1, x)
+            x, routing = self.until_routed(index, x, self.attend(index, normed, context, cache))
             pending = self._routed_or_none(index, routing)
-            if index in capture:
-                outputs[index] = _plus(x, pending)
         cache.advance(len(token_ids))
         return self.finish(x, pending, outputs, capture, last_only)
 
@@ -95,12 +95,11 @@ class MoeDecoder:
         outputs = {}
         for index in range(len(self.layers)):
             x, normed = self.input_norm(index, x, pending)
+            _keep_output(outputs, capture, index - 1, x)
             attended = torch.cat([self.attend(index, normed[start:end], context, cache)
                                   for start, end, context, cache in rows])
             x, routing = self.until_routed(index, x, attended)
             pending = self._routed_or_none(index, routing)
-            if index in capture:
-                outputs[index] = _plus(x, pending)
         for block, cache in zip(blocks, caches, strict=True):
             cache.advance(len(block))
         return self.finish(x, pending, outputs, capture, last_only=False)
@@ -132,7 +131,8 @@ class MoeDecoder:
         return None if routing is None else self.routed_experts(index, routing)
 
 
-def _plus(x: torch.Tensor, expert_output: torch.Tensor | PickRows | None) -> torch.Tensor:
-    if isinstance(expert_output, PickRows):
-        return x + expert_output.total(x.dtype)
-    return x if expert_output is None else x + expert_output
+def _keep_output(outputs: dict, capture: tuple[int, ...], index: int, x: torch.Tensor) -> None:
+    """Layer `index`'s output x [T, H] into `outputs` if it is captured. Taken from the next layer's input norm, which
+    adds the layer's routed experts anyway: adding them again for the capture cost a captured layer two launches."""
+    if index in capture:
+        outputs[index] = x
