@@ -79,7 +79,7 @@ class DraftGraphs:
 
 class DFlashProposer:
     """Committed features wait until the next draft needs them (plain steps then cost no drafter work),
-    or until a prefill chunk's worth has gathered."""
+    or until a prefill chunk's worth has gathered; fewer go through the context graphs, a block's worth at a time."""
 
     def __init__(self, drafter: DFlashDrafter, context: KVCache, graphs: DraftGraphs | None = None):
         self.drafter = drafter
@@ -109,11 +109,13 @@ class DFlashProposer:
         return Proposal(sampler.draw(probs), probs)
 
     def _add_pending(self) -> None:
-        if self.pending:
-            rows = torch.cat(self.pending)
-            graph = self.graphs.contexts.get(len(rows)) if self.graphs else None
-            if graph:
-                graph(rows)
-            else:
-                self.drafter.add_context(rows, self.context)
-            self.pending, self.pending_rows = [], 0
+        if not self.pending:
+            return
+        rows = torch.cat(self.pending)
+        self.pending, self.pending_rows = [], 0
+        if self.graphs is None or len(rows) >= PREFILL_CHUNK:  # a prompt's chunk: one eager pass
+            self.drafter.add_context(rows, self.context)
+            return
+        # a plain streak's rows, a block's worth a graph replay, rather than one eager pass
+        for chunk in rows.split(self.block_size):
+            self.graphs.contexts[len(chunk)](chunk)

@@ -9,7 +9,7 @@ from app.engine.generation.generate import generate
 from app.engine.generation.sampling import Sampler, SamplingParams
 from app.engine.loader import load_model
 from app.engine.runner.step_runner import StepRunner
-from app.engine.spec.dflash import DFlashSpeculation
+from app.engine.spec.dflash import DFlashProposer, DFlashSpeculation
 from app.engine.spec.generate import speculative_generate
 from app.model_folder import ModelFolder
 from app.protocol.events import Done, Tokens
@@ -60,3 +60,26 @@ def test_gpu_speculation_emits_the_plain_greedy_tokens(tiny_gpt_oss, tiny_dflash
         assert (stats.expert_cache.prefetches > 0) == (offloaded == "host")
     elif block_size is None:
         assert 1 in stats.spec.block_sizes  # the graph step ran
+
+
+def test_a_plain_streaks_context_goes_through_the_graphs_a_block_at_a_time(tiny_gpt_oss, tiny_dflash):
+    """More committed rows than a block (a plain streak's) go through the context graphs a block's worth at a time,
+    and the drafts after them are those of one eager context pass."""
+    model = load(tiny_gpt_oss)
+    speculation = DFlashSpeculation(tiny_dflash, None)
+    speculation.load(model)
+    graphed = speculation.new_drafter(64)
+    eager = DFlashProposer(speculation.drafter, speculation.drafter.new_context_cache(64))
+    replays = []
+    for size, graph in graphed.graphs.contexts.items():
+        graphed.graphs.contexts[size] = lambda rows, graph=graph: replays.append(len(rows)) or graph(rows)
+    width = len(graphed.target_layers) * speculation.drafter.config.hidden_size
+    features = torch.randn(2 * graphed.block_size + 1, width, device=model.device)
+    sampler = Sampler(SamplingParams(), model.device)
+    drafts = []
+    for proposer in (graphed, eager):
+        for row in features:
+            proposer.commit([0], row[None])
+        drafts.append(proposer.propose(PROMPT[0], graphed.block_size - 1, sampler).tokens)
+    assert replays == [graphed.block_size, graphed.block_size, 1]
+    assert drafts[0] == drafts[1]
