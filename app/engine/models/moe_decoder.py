@@ -56,8 +56,11 @@ class MoeDecoder:
         return None
 
     def until_experts(self, index: int, x: torch.Tensor, context, cache: KVCache,
-                      expert_output: torch.Tensor | PickRows | None = None) -> tuple[torch.Tensor, Routing | None]:
+                      expert_output: torch.Tensor | PickRows | None = None, outputs: dict | None = None,
+                      capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, Routing | None]:
+        """With `capture`, the layer before's output into `outputs` if it is listed (`keep_output`)."""
         x, normed = self.input_norm(index, x, expert_output)
+        keep_output(outputs, capture, index - 1, x)
         return self.until_routed(index, x, self.attend(index, normed, context, cache))
 
     def forward(
@@ -73,9 +76,7 @@ class MoeDecoder:
         x, pending = self.embed[token_ids], None
         outputs = {}
         for index in range(len(self.layers)):
-            x, normed = self.input_norm(index, x, pending)
-            _keep_output(outputs, capture, index - 1, x)
-            x, routing = self.until_routed(index, x, self.attend(index, normed, context, cache))
+            x, routing = self.until_experts(index, x, context, cache, pending, outputs, capture)
             pending = self._routed_or_none(index, routing)
         cache.advance(len(token_ids))
         return self.finish(x, pending, outputs, capture, last_only)
@@ -95,7 +96,7 @@ class MoeDecoder:
         outputs = {}
         for index in range(len(self.layers)):
             x, normed = self.input_norm(index, x, pending)
-            _keep_output(outputs, capture, index - 1, x)
+            keep_output(outputs, capture, index - 1, x)
             attended = torch.cat([self.attend(index, normed[start:end], context, cache)
                                   for start, end, context, cache in rows])
             x, routing = self.until_routed(index, x, attended)
@@ -131,8 +132,8 @@ class MoeDecoder:
         return None if routing is None else self.routed_experts(index, routing)
 
 
-def _keep_output(outputs: dict, capture: tuple[int, ...], index: int, x: torch.Tensor) -> None:
-    """Layer `index`'s output x [T, H] into `outputs` if it is captured. Taken from the next layer's input norm, which
-    adds the layer's routed experts anyway: adding them again for the capture cost a captured layer two launches."""
+def keep_output(outputs: dict | None, capture: tuple[int, ...], index: int, x: torch.Tensor) -> None:
+    """Layer `index`'s output x [T, H] into `outputs` if it is captured; x as the next layer's input norm returns it,
+    the layer's routed experts added there (adding them again for the capture cost two launches a captured layer)."""
     if index in capture:
         outputs[index] = x

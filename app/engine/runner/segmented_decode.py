@@ -73,25 +73,17 @@ class SegmentedDecode:
         else:
             first = self.expert_layers[number - 1] + 1
             x, expert_output = self.residuals[first - 1], self.expert_output  # added in the next norm
-            if first - 1 in self.capture:
-                self.layer_outputs[first - 1] = x + expert_output
         is_last = number == len(self.expert_layers)
         end = len(self.model.layers) if is_last else self.expert_layers[number] + 1
         for index in range(first, end):
-            x, routing = self.model.until_experts(index, x, self.context, self.cache, expert_output)
+            x, routing = self.model.until_experts(index, x, self.context, self.cache, expert_output,
+                                                  self.layer_outputs, self.capture)
             expert_output = None
-            if routing is None:
-                x = self._layer_output(index, x)
-            else:
+            if routing is not None:
                 self.residuals[index], self.routings[index] = x, routing
         if is_last:
             out = self.model.finish(x, expert_output, dict(self.layer_outputs), self.capture, last_only=False)
             self.logits, self.features = out if self.capture else (out, None)
-
-    def _layer_output(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if index in self.capture:
-            self.layer_outputs[index] = x
-        return x
 
     def _captured(self, segments: list[Callable[[], None]]) -> list[Callable[[], None]]:
         """The graphs share one memory pool: they always replay in capture order, and every tensor a later
