@@ -58,9 +58,9 @@ class MoeDecoder:
     def until_experts(self, index: int, x: torch.Tensor, context, cache: KVCache,
                       expert_output: torch.Tensor | PickRows | None = None, outputs: dict | None = None,
                       capture: tuple[int, ...] = ()) -> tuple[torch.Tensor, Routing | None]:
-        """With `capture`, the layer before's output into `outputs` if it is listed (`keep_output`)."""
+        """With `capture`, the layer before's output into `outputs` if it is listed (`_keep_output`)."""
         x, normed = self.input_norm(index, x, expert_output)
-        keep_output(outputs, capture, index - 1, x)
+        _keep_output(outputs, capture, index - 1, x)
         return self.until_routed(index, x, self.attend(index, normed, context, cache))
 
     def forward(
@@ -96,7 +96,7 @@ class MoeDecoder:
         outputs = {}
         for index in range(len(self.layers)):
             x, normed = self.input_norm(index, x, pending)
-            keep_output(outputs, capture, index - 1, x)
+            _keep_output(outputs, capture, index - 1, x)
             attended = torch.cat([self.attend(index, normed[start:end], context, cache)
                                   for start, end, context, cache in rows])
             x, routing = self.until_routed(index, x, attended)
@@ -132,7 +132,7 @@ class MoeDecoder:
         return None if routing is None else self.routed_experts(index, routing)
 
 
-def keep_output(outputs: dict | None, capture: tuple[int, ...], index: int, x: torch.Tensor) -> None:
+def _keep_output(outputs: dict | None, capture: tuple[int, ...], index: int, x: torch.Tensor) -> None:
     """Layer `index`'s output x [T, H] into `outputs` if it is captured; x as the next layer's input norm returns it,
     the layer's routed experts added there (adding them again for the capture cost two launches a captured layer)."""
     if index in capture:

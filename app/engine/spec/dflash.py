@@ -79,7 +79,8 @@ class DraftGraphs:
 
 class DFlashProposer:
     """Committed features wait until the next draft needs them (plain steps then cost no drafter work),
-    or until a prefill chunk's worth has gathered; fewer go through the context graphs, a block's worth at a time."""
+    or until a prefill chunk's worth has gathered (one eager pass); fewer rows go through the context graphs, a
+    block's worth a replay."""
 
     def __init__(self, drafter: DFlashDrafter, context: KVCache, graphs: DraftGraphs | None = None):
         self.drafter = drafter
